@@ -10,10 +10,11 @@
  * too many requests in flight or too many response bytes not yet written
  * (or reserved) is paused: none of its requests is taken in until it
  * drains, so one client cannot make the daemon buffer without bound.  A
- * paused connection is still read into the read buffer it has, so that its
- * end of stream and its task.cancel requests are seen ("reading while
- * paused"), and one not read at all is polled for its client's hangup
- * while it has requests in flight.  A frame that breaks the protocol or a
+ * paused connection is still read into the read buffer it has, while it
+ * keeps no descriptor a buffer.import has not claimed, so that its end of
+ * stream and its task.cancel requests are seen ("reading while paused"),
+ * and one not read at all is polled for its client's hangup while it has
+ * requests in flight.  A frame that breaks the protocol or a
  * limit gets a `protocol.error` notification and that connection alone is
  * closed.
  *
@@ -736,9 +737,10 @@ out:
  * and its task.cancel requests are seen while its tasks run
  * (docs/protocol.md, "Backpressure"): a closed connection cancels them, and
  * a task.cancel is answered at once.  Reading stops when that buffer is
- * full (of requests held back), when more than PEEK_UNSENT bytes of answers
- * wait for the client (it is not reading: its hangup fails the write), or
- * the connection is closing, ended or received data in place. */
+ * full (of requests held back), when the connection keeps a descriptor
+ * (peek_fds), when more than PEEK_UNSENT bytes of answers wait for the
+ * client (it is not reading: its hangup fails the write), or the
+ * connection is closing, ended or received data in place. */
 #define PEEK_MIN ((size_t)4 << 10)     /* least free space a paused read takes */
 #define PEEK_UNSENT ((size_t)64 << 10) /* answers a paused connection may owe */
 
@@ -755,6 +757,22 @@ static bool peek_room(const struct conn *c) {
   return !k || k->cap - k->end >= PEEK_MIN ||
          (k->refs == 1 && k->cap - pending >= PEEK_MIN) || pending + PEEK_MIN <= RCHUNK_MIN;
 }
+
+/* Whether a paused connection may read for more with the descriptors it
+ * keeps: none.  A descriptor sent by the protocol's rule, first in the
+ * sendmsg of its buffer.import frame, ends the read that brings it at that
+ * frame's end (the kernel ends a read after the data a descriptor came
+ * with), so a paused connection keeps at most the one of the first frame it
+ * holds with a descriptor, and reads on once the pause ended and that frame
+ * claimed it.  Reading on while paused, each further buffer.import held
+ * kept its descriptor: a client that pipelined 9 of them behind a task in
+ * flight under max_inflight (or while its user's other connections left
+ * answers unread, max_user_unsent) passed DSPKD_MAX_FDS and was closed, and
+ * paused connections together passed its user's DSPKD_MAX_USER_FDS, closing
+ * another connection's first correct buffer.import (docs/protocol.md,
+ * "Passing descriptors").  What the client sends meanwhile waits in the
+ * socket, a task.cancel too (docs/protocol.md, "Backpressure"). */
+static bool peek_fds(const struct conn *c) { return c->nfds == 0; }
 
 /* on_alloc for a paused read: the room left in the read buffer, made by
  * compacting it, or a fresh buffer of RCHUNK_MIN (the first buffer every
@@ -1140,7 +1158,8 @@ static bool conn_peer_gone(struct conn *c) {
 }
 
 /* A connection that is not read (paused with its read buffer full of
- * requests held back, or receiving a buffer.write's data in place, or
+ * requests held back or keeping a descriptor, or receiving a buffer.write's
+ * data in place, or
  * after its client's end of stream) yet has requests in flight and no
  * answer queued (a queued answer's write fails once the client is gone)
  * is looked at every HUP_POLL_MS: a client that has closed the connection
@@ -1274,7 +1293,9 @@ void dspkd_conn_update_read(struct conn *c) {
     conn_eof_check(c);
     want = false;
   } else {
-    want = may_read(c) || (may_peek(c) && peek_room(c));
+    /* Paused, the socket is read for more only while the connection keeps
+     * no descriptor unclaimed (peek_fds). */
+    want = may_read(c) || (may_peek(c) && peek_room(c) && peek_fds(c));
   }
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)

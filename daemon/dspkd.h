@@ -357,7 +357,8 @@ struct duser {
   size_t nconns;                      /* connections (until freed) */
   uint64_t rbytes;                    /* bytes of their read buffers */
   uint64_t answers;                   /* their unsent + reserved answer bytes */
-  size_t nfds;                        /* received descriptors not yet claimed (shm.c) */
+  size_t nfds;                        /* received descriptors not yet claimed, beyond
+                                       * the first of each connection (shm.c) */
   size_t share_fds;                   /* buffer.share memfds not yet read (shm.c) */
   /* Bytes and messages handled in this turn of the loop, and the loop's
    * time spent on them (daemon/conn.c); turn_over: the turn is used up. */
@@ -590,7 +591,12 @@ void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 
 /* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
 #define DSPKD_MAX_FDS 8
-/* Unclaimed received descriptors of all the connections of one uid. */
+/* Unclaimed received descriptors of all the connections of one uid, besides
+ * the first (the oldest kept) of each connection: a client that follows the
+ * protocol's rule keeps at most that one on a connection whose requests are
+ * held back (daemon/conn.c reads such a connection no further while it keeps
+ * one), so that its paused connections cannot make this bound close another
+ * of its connections. */
 #define DSPKD_MAX_USER_FDS 64
 /* buffer.share memfds of one uid's connections whose answers the client has
  * not read (the job queued or running, the answer waiting to be written, or

@@ -34,7 +34,11 @@
  * Descriptors held for clients are bounded per connection and per user
  * (docs/admin.md, "File descriptors"), so that no user can use up the
  * daemon's RLIMIT_NOFILE: at most DSPKD_MAX_FDS unclaimed on a connection
- * and DSPKD_MAX_USER_FDS on all of one uid's, and DSPKD_MAX_USER_SHARES
+ * and DSPKD_MAX_USER_FDS on all of one uid's besides the first of each
+ * (a paused connection is not read while it keeps one, daemon/conn.c: a
+ * client that sends each descriptor with its buffer.import keeps at most
+ * that one on each connection, however many of them are paused, and meets
+ * neither bound), and DSPKD_MAX_USER_SHARES
  * buffer.share memfds of one uid whose answers it has not read (all users'
  * together: dspkd_shm_share_max).  A
  * descriptor the daemon had no descriptor left to receive (the kernel drops
@@ -93,13 +97,15 @@ static void log_lost(struct conn *c, const char *what, int err) {
 }
 
 /* Keeps fd (-1: lost) as the connection's next unclaimed descriptor,
- * counted for its user. */
+ * counted for its user when the connection keeps another already (the
+ * user's count is of the descriptors beyond the first of each connection:
+ * dspkd.h, DSPKD_MAX_USER_FDS). */
 static void fds_push(struct conn *c, int fd) {
   c->fds[c->nfds].fd = fd;
   c->fds[c->nfds].pos = c->rx_pos;
-  c->nfds++;
-  if (c->user)
+  if (c->nfds > 0 && c->user)
     c->user->nfds++;
+  c->nfds++;
 }
 
 int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len) {
@@ -130,11 +136,12 @@ int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len) {
                DSPKD_MAX_FDS);
       return DSPK_ELIMIT;
     }
-    if (c->user && c->user->nfds >= DSPKD_MAX_USER_FDS) {
+    if (c->nfds > 0 && c->user && c->user->nfds >= DSPKD_MAX_USER_FDS) {
       if (fd >= 0)
         close(fd);
       snprintf(msg, len, "more than %d file descriptors not claimed by a buffer.import "
-               "on this user's connections together", DSPKD_MAX_USER_FDS);
+               "on this user's connections together (besides the first on each)",
+               DSPKD_MAX_USER_FDS);
       return DSPK_ELIMIT;
     }
     if (fd < 0 && (dup_err == EMFILE || dup_err == ENFILE)) {
@@ -157,7 +164,7 @@ int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len) {
 static void fds_shift(struct conn *c) {
   memmove(&c->fds[0], &c->fds[1], (size_t)(c->nfds - 1) * sizeof(c->fds[0]));
   c->nfds--;
-  if (c->user)
+  if (c->nfds > 0 && c->user) /* the one left first is the connection's own */
     c->user->nfds--;
 }
 

@@ -3052,7 +3052,9 @@ def t_pausecancel(exe, tmp):
     DSPKD_TEST_CANCEL_WAIT=before holds each task's runner until the task is
     canceled (for at most 30 s, then runs it): a cancel that is not seen
     shows as an answer 30 s later.  A task.cancel behind a request held back
-    is taken too, and a client that fills the socket with requests held
+    is taken too, and behind 40 KiB of them (within the 64 KiB read buffer
+    that a paused connection is read into: one beyond it waits unread, as
+    docs/protocol.md says), and a client that fills the socket with requests held
     back, so that the daemon reads it no more, then closes it has its task
     canceled as well."""
     env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
@@ -3067,7 +3069,7 @@ def t_pausecancel(exe, tmp):
                    ["--max-inflight", "1"]):
         d = Daemon(exe, tmp, ["--no-cache"] + limits, env=env)
         watcher = d.client()
-        for how in ("cancel", "held", "close", "fill"):
+        for how in ("cancel", "held", "heldmany", "close", "fill"):
             c = d.client()
             # The operand in a buffer: the task's request is small, and so
             # is the read buffer that held it.
@@ -3106,7 +3108,13 @@ def t_pausecancel(exe, tmp):
                 # A request held back (the connection is paused) before the
                 # cancel: the cancel is taken all the same, the ping in its turn.
                 held = c.send("ping", {"data": b"held"})
-            if how == "held":
+            if how == "heldmany":
+                # 40 KiB of requests held: the cancel behind them still fits in
+                # the read buffer a paused connection is read into (64 KiB;
+                # docs/protocol.md, "Backpressure": one beyond waits unread).
+                for _ in range(40):
+                    held = c.send("ping", {"data": bytes(1000)})
+            if how in ("held", "heldmany"):
                 check(c.call("task.cancel", {"msgid": mid}) == {"canceled": True},
                       "%s: the running task is canceled" % what)
             else:
@@ -3125,7 +3133,8 @@ def t_pausecancel(exe, tmp):
                 check(e.name == "ECANCELED", "%s: ECANCELED, got %s" % (what, e.name))
             check(time.monotonic() - t0 < 10, "%s: canceled at once" % what)
             if held is not None:
-                check(c.wait(held)["data"] == b"held", "%s: the held ping answered" % what)
+                check(c.wait(held)["data"] in (b"held", bytes(1000)),
+                      "%s: the held ping answered" % what)
             # The connection goes on.
             check(c.call("ping", {"data": b"ok"})["data"] == b"ok", "%s: still served" % what)
             c.close()
@@ -3178,6 +3187,84 @@ def t_cancelresume(exe, tmp):
     check(holder.outcome(hmid) == "ECANCELED", "the holder's task")
     for x in (holder, c, watcher):
         x.close()
+    d.stop()
+
+
+def t_pauseimport(exe, tmp):
+    """A client that sends each descriptor with its buffer.import frame, first
+    in a sendmsg of its own (docs/protocol.md, "Passing descriptors"), meets
+    neither descriptor limit, however many imports it pipelines behind a
+    pause: the daemon read a paused connection on, so the descriptors of the
+    imports it held back piled up, and the ninth closed the connection
+    (protocol.error ELIMIT "more than 8 file descriptors not claimed"),
+    whether the pause came from max_inflight or from the user's other
+    connection leaving answers unread (max_user_unsent); and 8 paused
+    connections holding 8 imports each closed the same user's fresh
+    connection on its first import (the user's 64).  A paused connection is
+    now read no further while it keeps a descriptor."""
+    def imports(c, n):
+        mids = []
+        for _ in range(n):
+            fd = sealed_memfd()
+            mids.append(send_with_fds(c, "buffer.import", {"size": 4096}, [fd]))
+            os.close(fd)
+        return mids
+
+    def imported(c, mids, what):
+        for i, m in enumerate(mids):
+            try:
+                got = c.wait(m)
+            except (EOFError, ConnectionResetError):
+                raise AssertionError("%s: the connection was closed at import %d: %r"
+                                     % (what, i, c.notifications))
+            check(isinstance(got.get("buffer"), int), "%s: import %d: %r" % (what, i, got))
+            c.call("buffer.free", {"buffer": got["buffer"]})
+
+    # 1. Paused by max_inflight 1: a trace in flight (answered after its
+    # seconds), 12 imports behind it; then 8 such connections with 8 imports
+    # each (within the 8 of a connection), and a fresh connection of the same
+    # user imports at once (its user's 64 were passed).
+    d = Daemon(exe, tmp, ["--no-cache", "--max-inflight", "1"])
+    c = d.client()
+    t = c.send("trace", {"seconds": 0.5})
+    mids = imports(c, 12)
+    imported(c, mids, "max_inflight 1")
+    check(isinstance(c.wait(t).get("jobs"), list), "the trace answered")
+    paused, z = [], d.client()
+    for _ in range(8):
+        x = d.client()
+        tm = x.send("trace", {"seconds": 1.5})
+        paused.append((x, tm, imports(x, 8)))
+    # The loop has been through the paused connections' sockets once it
+    # answers a request sent after all they sent (their sockets were readable
+    # first): whatever it reads of them while paused, it has read.
+    z.call("ping")
+    y = d.client()
+    imported(y, imports(y, 1), "a fresh connection beside 8 paused ones")
+    for i, (x, tm, ms) in enumerate(paused):
+        imported(x, ms, "paused connection %d" % i)
+        x.wait(tm)
+    for x in [c, y, z] + [x for x, _, _ in paused]:
+        x.close()
+    d.stop()
+
+    # 2. Paused by max_user_unsent: connection a leaves 8 MiB of answers
+    # unread (its first bytes show the read was taken in), above twice the
+    # user's 1 MiB, so b, owing nothing, is paused; b pipelines 12 imports,
+    # answered once a reads.
+    d = Daemon(exe, tmp, ["--no-cache", "--max-user-unsent", "1M"])
+    a, b = d.client(), d.client()
+    size = 8 << 20
+    buf = a.call("buffer.create", {"size": size})["buffer"]
+    reads = [a.send("buffer.read", {"buffer": buf, "size": size}) for _ in range(3)]
+    ready, _, _ = select.select([a.sock], [], [], TIMEOUT)
+    check(ready, "the first read's answer is being written")
+    mids = imports(b, 12)
+    for m in reads:
+        check(len(a.wait(m)["data"]) == size, "a's read")
+    imported(b, mids, "max_user_unsent")
+    a.close()
+    b.close()
     d.stop()
 
 
@@ -4524,7 +4611,8 @@ def t_fdlimits(exe, tmp):
     """File descriptors (docs/admin.md, "File descriptors"): dspkd raises its
     soft RLIMIT_NOFILE to the hard limit and warns when the hard limit is too
     low for max_clients; one user's connections together hold at most 64
-    descriptors sent for buffer.import and not yet claimed, so another user is
+    descriptors sent for buffer.import and not yet claimed besides the first
+    of each connection, so another user is
     still served; a buffer.import whose memfd the daemon had no descriptor
     left to receive is answered ELIMIT saying so (not EINVAL, not a
     protocol error), the log naming EMFILE."""
@@ -4561,19 +4649,28 @@ def t_fdlimits(exe, tmp):
         return c.msgid
 
     def hog(w, r):
-        """uid 65534: 8 connections each holding 8 unclaimed descriptors
-        (hold: the ping's answer says they were taken in), then a ninth
-        connection's one descriptor passes the user's 64."""
+        """uid 65534: 9 connections each holding 8 unclaimed descriptors
+        (hold: the ping's answer says they were taken in), 63 beyond the
+        first of each; a tenth connection's one descriptor is its own and
+        taken, an eleventh's three are its own, the user's 64th and 65th
+        beyond: the last passes the user's 64."""
         cs = []
         fds = [sealed_memfd() for _ in range(8)]
-        for i in range(8):
+        for i in range(9):
             c = Client(d.sock)
             c.wait(hold(c, fds))
             cs.append(c)
         c = Client(d.sock)
-        m = hold(c, fds[:1])
+        try:
+            c.wait(hold(c, fds[:1]))
+            first = True
+        except (EOFError, ConnectionResetError):
+            first = False
+        cs.append(c)
+        c = Client(d.sock)
+        m = hold(c, fds[:3])
         notes = c.expect_closed()
-        out = {"answered": m in c.responses,
+        out = {"answered": m in c.responses, "first": first,
                "notes": [[n[1], n[2][0]["name"], n[2][0]["message"]] for n in notes]}
         os.write(w, msgpack.packb(out))
         os.close(w)
@@ -4583,9 +4680,12 @@ def t_fdlimits(exe, tmp):
     data = dspk_daemon.read_to_eof(r)
     check(data, "the first user's child failed")
     out = msgpack.unpackb(data)
+    check(out["first"], "a connection's first descriptor beside the user's 63: %r" % (out,))
     check(not out["answered"] and len(out["notes"]) == 1 and out["notes"][0][:2] ==
-          ["protocol.error", "ELIMIT"] and "this user's connections" in out["notes"][0][2],
-          "the user's 65th pending descriptor: protocol.error ELIMIT: %r" % (out,))
+          ["protocol.error", "ELIMIT"] and "this user's connections" in out["notes"][0][2] and
+          "besides the first on each" in out["notes"][0][2],
+          "the user's 65th pending descriptor beyond the first of each connection: "
+          "protocol.error ELIMIT: %r" % (out,))
 
     def other():
         c = Client(d.sock)
@@ -5213,6 +5313,7 @@ GROUPS = {
     "canceldone": t_canceldone,
     "pausecancel": t_pausecancel,
     "cancelresume": t_cancelresume,
+    "pauseimport": t_pauseimport,
     "done": t_done,
     "fencefault": t_fencefault,
 }
