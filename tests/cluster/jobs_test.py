@@ -12,7 +12,8 @@ as skipped where it cannot run; exit 77 when it is the case asked for).  The exc
 device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped) without
 one.
 
-    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG] [down|paths|hidden]
+    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG]
+        [down|paths|hidden|ending|cgroup]
 """
 import argparse
 import json
@@ -191,6 +192,9 @@ def run(exe, submit, epilog, tmp, case=None):
             d.stop()
             daemon_check(Daemon(exe, tmp), ending_again)
             return 0
+        if case == "cgroup":
+            d.stop()
+            return 0 if cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu) else 77
         if case == "paths":
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
@@ -485,6 +489,7 @@ def run(exe, submit, epilog, tmp, case=None):
     paths(exe, submit, os.path.join(tmp, "paths"))
     collide(exe, os.path.join(tmp, "collide"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
+    cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu)
     return 0
 
 
@@ -590,6 +595,83 @@ def ending_stop(d):
     cj.expect_eof()
     rc = d.proc.wait(TIMEOUT)
     check(rc == 0, "dspkd exited with %s:\n%s" % (rc, d.logtext()))
+
+
+def cgroup_case(exe, tmp, gpu, cpu):
+    """The cgroup source reads the line of Slurm's hierarchy alone (docs/cluster.md): cgroup
+    v1's freezer (proctrack/cgroup), else v2's "0::".  A process that moves itself under a
+    job_<other> directory of another hierarchy (one systemd delegates to the user, pids
+    here, listed before freezer; or the unified one beside v1) is not taken for that job,
+    and a freezer path that names two jobs names none that is believed.  Needs writable
+    v1 freezer and pids hierarchies; False (skipped) without them."""
+    roots = {h: "/sys/fs/cgroup/" + h for h in ("freezer", "pids", "unified")}
+    base = "dspk-cg-test-%d" % os.getpid()
+    made = []
+    try:
+        for h, r in roots.items():
+            os.makedirs(os.path.join(r, base, "job_100", "job_101"))
+            made.append(h)
+            os.makedirs(os.path.join(r, base, "job_101"))
+    except OSError as e:
+        print("note: the cgroup case did not run (%s)" % e)
+        for h in made:
+            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+                try:
+                    os.rmdir(os.path.join(roots[h], base, sub))
+                except OSError:
+                    pass
+        return False
+    me = str(os.getpid())
+
+    def put(where):
+        for h, r in roots.items():
+            sub = where.get(h)
+            with open(os.path.join(r, base, sub, "cgroup.procs") if sub
+                      else os.path.join(r, "cgroup.procs"), "w") as f:
+                f.write(me)
+
+    def check_cases(d):
+        admin = d.client()
+        uid = os.getuid()
+        admin.call("job.register", {"job": 100, "uid": uid, "devices": []})
+        admin.call("job.register", {"job": 101, "uid": uid, "devices": [gpu["uuid"]]})
+        for where, want, name in (
+                ({"freezer": "job_100"}, [cpu["id"]], "freezer job_100"),
+                ({"freezer": "job_100", "pids": "job_101"}, [cpu["id"]],
+                 "freezer job_100, pids job_101 (listed first)"),
+                ({"pids": "job_101"}, "has 2 Slurm jobs", "pids job_101 alone"),
+                ({"unified": "job_101"}, "has 2 Slurm jobs", "the unified job_101 beside v1"),
+                ({"freezer": "job_100/job_101"}, "names two Slurm jobs",
+                 "freezer job_100/job_101")):
+            try:
+                put(where)
+                c = d.client()  # no claim; the uid has two jobs
+            finally:
+                put({})
+            got = ids(c) if isinstance(want, list) else err_of(c, "devices", {})
+            ok = got == want if isinstance(want, list) else (got[0] == "EPERM" and
+                                                             want in got[1])
+            check(ok, "cgroup %s: %r" % (name, got))
+            c.close()
+        # A claim does not beat a cgroup that names two jobs.
+        try:
+            put({"freezer": "job_100/job_101"})
+            c = d.client(job=101)
+        finally:
+            put({})
+        e = err_of(c, "devices", {})
+        check(e[0] == "EPERM" and "names two Slurm jobs" in e[1], "two jobs and a claim: %r"
+              % (e,))
+        c.close()
+    try:
+        os.mkdir(tmp)
+        daemon_check(Daemon(exe, tmp), check_cases)
+    finally:
+        put({})
+        for r in roots.values():
+            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+                os.rmdir(os.path.join(r, base, sub))
+    return True
 
 
 def job_ids(c):
@@ -1385,7 +1467,7 @@ def main():
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
-    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending"],
+    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending", "cgroup"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:
