@@ -80,15 +80,50 @@ static int default_socket(char *out, size_t len) {
   return n >= 0 && (size_t)n < len ? 0 : -1;
 }
 
-/* The state file's default for a daemon on socket: the
- * socket's path with its ".sock" suffix (if any) replaced by ".jobs"; for
- * an activated socket without a path, dspkd.jobs in $RUNTIME_DIRECTORY
+/* socket with the symbolic links of its last component followed (up to 40,
+ * as the kernel does; a relative target is the link's directory's), in
+ * out: the path of the socket itself, which a daemon never listens on
+ * through a link (its start refuses a socket path that is not a socket).
+ * A path that is not a link, or whose link cannot be read, stays as it is. */
+static void follow_last(const char *socket, char *out, size_t len) {
+  char cur[PATH_MAX], target[PATH_MAX];
+  struct stat st;
+
+  snprintf(cur, sizeof cur, "%s", socket);
+  for (int hops = 0; hops < 40 && lstat(cur, &st) == 0 && S_ISLNK(st.st_mode); hops++) {
+    ssize_t n = readlink(cur, target, sizeof target - 1);
+    const char *slash = strrchr(cur, '/');
+    char next[PATH_MAX];
+    int k;
+
+    if (n <= 0)
+      break;
+    target[n] = '\0';
+    if (target[0] == '/' || !slash)
+      k = snprintf(next, sizeof next, "%s", target);
+    else
+      k = snprintf(next, sizeof next, "%.*s/%s", (int)(slash - cur), cur, target);
+    if (k < 0 || (size_t)k >= sizeof next)
+      break;
+    memcpy(cur, next, (size_t)k + 1);
+  }
+  snprintf(out, len, "%s", cur);
+}
+
+/* The state file's default for a daemon on socket: the socket's path, the
+ * links of its last component followed (follow_last: a socket named
+ * through a link, as an epilog's DSPK_SOCKET may, is the daemon's socket
+ * the link leads to), with its ".sock" suffix (if any) replaced by ".jobs";
+ * for an activated socket without a path, dspkd.jobs in $RUNTIME_DIRECTORY
  * (systemd's RuntimeDirectory=).  0, or -1 when neither is known. */
-static int default_job_state(const char *socket, bool has_path, char *out, size_t len) {
+static int default_job_state(const char *given, bool has_path, char *out, size_t len) {
   const char *rt = getenv("RUNTIME_DIRECTORY");
-  size_t n = strlen(socket);
+  char socket[PATH_MAX];
+  size_t n;
   int k;
 
+  follow_last(given, socket, sizeof socket);
+  n = strlen(socket);
   if (has_path) {
     if (n > 5 && strcmp(socket + n - 5, ".sock") == 0)
       n -= 5;

@@ -184,6 +184,7 @@ def run(exe, submit, epilog, tmp, case=None):
         if case == "down":
             d.stop()
             down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+            epilog_socket(exe, submit, epilog, os.path.join(tmp, "socket"))
             return 0
         if case == "hidden":
             d.stop()
@@ -486,6 +487,7 @@ def run(exe, submit, epilog, tmp, case=None):
         d.proc.kill()
         raise
     down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+    epilog_socket(exe, submit, epilog, os.path.join(tmp, "socket"))
     paths(exe, submit, os.path.join(tmp, "paths"))
     collide(exe, os.path.join(tmp, "collide"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
@@ -859,6 +861,48 @@ def epilog_env(sock, job, **more):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DSPK_"))}
     e.update(DSPK_SOCKET=sock, SLURM_JOB_ID=str(job), SLURM_JOB_UID="0", **more)
     return e
+
+
+def epilog_socket(exe, submit, epilog, tmp):
+    """The epilog without a daemon ends the job in the file of the daemon whose socket
+    DSPK_SOCKET names (docs/cluster.md), whatever socket the configuration file of
+    DSPK_DSPKD_OPTIONS names (it gives --end-job --socket, which beats the file), and
+    through a symbolic link to the socket (the default state file is the one of the socket
+    the link leads to).  DSPK_DSPKD_OPTIONS with --socket: exit 2, one line."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "dspkd.conf")
+    other = os.path.join(tmp, "other.jobs")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nsocket = %s\n" % os.path.join(tmp, "other.sock"))
+    # The node's other daemon's file (stopped): never written by this epilog.
+    other_text = "dspkd-jobs 1\njob 42 %d\nend 1\n" % NOBODY
+    with open(other, "w") as f:
+        f.write(other_text)
+    os.chmod(other, 0o600)
+    extra = ["--config", conf, "--job-required"]
+    state = os.path.join(tmp, "dspkd.jobs")
+    os.symlink("dspkd.sock", os.path.join(tmp, "link.sock"))
+    env = dict(DSPK_SUBMIT=submit, DSPK_DSPKD=exe, DSPK_DSPKD_OPTIONS="--config " + conf)
+    for job, sock in ((9001, os.path.join(tmp, "dspkd.sock")),
+                      (9002, os.path.join(tmp, "link.sock"))):
+        d = Daemon(exe, tmp, extra)
+        daemon_check(d, lambda d: d.client().call("job.register",
+                                                  {"job": job, "uid": NOBODY, "devices": []}))
+        check("job %d %d" % (job, NOBODY) in open(state).read(), "job %d in %s" % (job, state))
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(sock, job, **env))
+        check(p.returncode == 0 and len(p.stderr.splitlines()) == 1 and
+              p.stderr.endswith("; dspkd --end-job: Slurm job %d (uid %d): ended in %s\n"
+                                % (job, NOBODY, state)) and
+              "job %d " % job not in open(state).read() and open(other).read() == other_text,
+              "the epilog on %s, the file naming another socket: %r" % (sock, p))
+    for opts in ("--socket " + os.path.join(tmp, "x.sock"), "--config=%s --sock=x" % conf):
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(os.path.join(tmp, "dspkd.sock"), 9003,
+                                          **dict(env, DSPK_DSPKD_OPTIONS=opts)))
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              "DSPK_DSPKD_OPTIONS names --so" in p.stderr, "--socket in the options: %r" % (p,))
 
 
 def down(exe, submit, epilog, tmp, gpu, cpu):
