@@ -74,7 +74,8 @@ def run(a, tmp):
         check(p.returncode == 1 and p.stdout == "" and why in p.stderr and
               p.stderr.splitlines()[-1].startswith(
                   "dspk epilog: job 77: no dspkd listens on %s (no socket file), and " % none)
-              and "dspkd --end-job 77" in p.stderr, "no socket, %s: %r" % (why, p))
+              and "dspkd --socket %s --end-job 77" % none in p.stderr,
+              "no socket, %s: %r" % (why, p))
     p = script(prolog, a.submit, none)
     check(p.returncode == 1 and "ECONNECT" in p.stderr, "prolog without a socket: %r" % (p,))
 

@@ -7,8 +7,8 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   (Prolog=/etc/slurm/prolog.d/*: absolute, relative and chained links); a copy of a script
   elsewhere finds none and says so (exit 127), as does a DSPK_SUBMIT that is no executable
   file (the message names the variable); the epilog without a daemon runs that tree's
-  dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS and
-  --end-job, or DSPK_DSPKD's;
+  dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS,
+  --socket SOCKET and --end-job, or DSPK_DSPKD's;
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
   a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
   naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
@@ -93,7 +93,8 @@ def links(a, sdir, tmp, sock, fake):
         check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
               "the epilog through %s: %r" % (os.path.relpath(path, tmp), p))
     # No daemon (no socket file): the epilog through a link runs its tree's dspkd, with
-    # the socket and DSPK_DSPKD_OPTIONS' words before --end-job; DSPK_DSPKD names another.
+    # DSPK_DSPKD_OPTIONS' words, then --socket SOCKET, before --end-job; DSPK_DSPKD names
+    # another.
     none = os.path.join(tmp, "none.sock")
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none,
             DSPK_DSPKD_OPTIONS="--config /etc/x.conf  --job-state /var/lib/j*")
@@ -101,13 +102,14 @@ def links(a, sdir, tmp, sock, fake):
           "dspkd listens on %s (no socket file); dspkd --end-job: Slurm job 7 (uid 1000): "
           "ended in /x.jobs\n" % none and
           open(fake + ".args").read().splitlines() ==
-          [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--end-job", "7"],
+          [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--socket", none,
+           "--end-job", "7"],
           "the epilog without a daemon runs its tree's dspkd --end-job: %r" % (p,))
     other = os.path.join(tmp, "other-dspkd")
     shutil.copy2(fake, other)
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none, DSPK_DSPKD=other)
     check(p.returncode == 0 and open(other + ".args").read().splitlines() ==
-          [none, "--end-job", "7"], "DSPK_DSPKD: %r" % (p,))
+          [none, "--socket", none, "--end-job", "7"], "DSPK_DSPKD: %r" % (p,))
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none, DSPK_DSPKD=other + "-typo")
     check(p.returncode == 1 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
           "no executable dspkd at %s-typo (named by DSPK_DSPKD)" % other in p.stderr,
