@@ -1364,7 +1364,7 @@ void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long lon
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw, was;
   size_t clients_were = d->cfg.max_clients;
-  char err[PATH_MAX + 512];
+  char err[3 * PATH_MAX + 512];
   int r;
 
   if (!conf_path[0]) {
@@ -1382,6 +1382,21 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     if (msg && msglen)
       snprintf(msg, msglen, "%.*s; keeping the running configuration",
                (int)(msglen > 64 ? msglen - 40 : msglen), err);
+    goto out;
+  }
+  /* The state file the next start would use must pass the start's checks
+   * now, as a relative job_state is refused above: else a reload would
+   * accept a value that the next start (a package upgrade weeks later)
+   * and the epilog's dspkd --end-job refuse. */
+  if (dspkd_paths_reload_check(
+          &nw, (flag_mask >> key_index("socket")) & 1, (flag_mask >> key_index("job_state")) & 1,
+          ((flag_mask >> key_index("cache")) | (flag_mask >> key_index("no_cache"))) & 1, err,
+          sizeof err) != 0) {
+    dspkd_error("reload: %s; keeping the running configuration", err);
+    if (msg && msglen)
+      snprintf(msg, msglen, "%.*s; keeping the running configuration",
+               (int)(msglen > 64 ? msglen - 40 : msglen), err);
+    r = DSPK_EINVAL;
     goto out;
   }
   /* The start's file socket, with which the file's new one is compared. */

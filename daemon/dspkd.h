@@ -491,6 +491,11 @@ struct dspkd {
    * cpu only, as with job_required, until the daemon stops). */
   char job_state[4096];
   bool jobs_fail_closed;
+  /* The lock file it holds (job_state.lock): its inode as locked, which
+   * each rewrite of the state file checks is still the one at the path. */
+  bool job_lock_held;
+  dev_t job_lock_dev;
+  ino_t job_lock_ino;
   uint64_t next_conn_id;
   uint64_t next_buf_id;
   bool stopping;

@@ -200,6 +200,8 @@ def run(exe, submit, epilog, tmp, case=None):
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
             collide(exe, os.path.join(tmp, "collide"))
+            lock_guard(exe, os.path.join(tmp, "lock"))
+            reload_guard(exe, os.path.join(tmp, "reload"))
             return 0
         cli(d, submit, gpu, cpu)
 
@@ -490,6 +492,8 @@ def run(exe, submit, epilog, tmp, case=None):
     epilog_socket(exe, submit, epilog, os.path.join(tmp, "socket"))
     paths(exe, submit, os.path.join(tmp, "paths"))
     collide(exe, os.path.join(tmp, "collide"))
+    lock_guard(exe, os.path.join(tmp, "lock"))
+    reload_guard(exe, os.path.join(tmp, "reload"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
     cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu)
     return 0
@@ -1288,6 +1292,110 @@ def paths(exe, submit, tmp):
     check(p.returncode == 1 and "cannot listen on %s/d.sock: directory %s: No such file" %
           (typo, typo) in p.stderr and len(p.stderr.splitlines()) == 1, "socket in a missing directory: %r"
           % (p,))
+
+
+def lock_guard(exe, tmp):
+    """The state file's lock cannot be defeated by another daemon's files (dspkd(8),
+    --job-state): a job_state whose name ends in .lock or .tmp (another state file's lock
+    or temporary file) is refused at start and by --end-job (exit 2, one line); so is, at
+    start, a file another process holds an flock on (exit 2; --end-job: exit 1); a lock
+    file that is not empty (another daemon's state file at worst) cannot be locked (exit
+    2; --end-job: exit 1); and a daemon whose lock file was replaced under it fails
+    job.register with EIO, the file unchanged, rather than write a file that --end-job or
+    another daemon may change meanwhile."""
+    import fcntl
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    state = os.path.join(tmp, "dspkd.jobs")
+    other = os.path.join(tmp, "other.sock")
+
+    def start(*args):
+        return subprocess.run(dspk_daemon.cmdline(exe, other, ["--config", ""] + list(args)),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    def end_job(*args):
+        return subprocess.run([exe, "--config", "", "--socket", other] + list(args),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    def running(d):
+        d.client().call("job.register", {"job": 101, "uid": NOBODY, "devices": []})
+        for name, sfx in ((state + ".lock", ".lock"), (state + ".tmp", ".tmp"),
+                          (os.path.join(tmp, "x.lock"), ".lock")):
+            for p in (start("--job-state", name), end_job("--job-state", name, "--end-job", "5")):
+                check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+                      ("--job-state %s ends in %s" % (name, sfx)) in p.stderr and
+                      not os.path.exists(other), "job_state %s: %r" % (name, p))
+        check(open(state + ".lock").read() == "" and job_ids(d.client()) == [101],
+              "the daemon's lock untouched")
+        # Any file another process holds an flock on is a lock file, not a state file.
+        held = os.path.join(tmp, "held")
+        with open(held, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            p = start("--job-state", held)
+            check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+                  "refusing the state file %s: another process holds an flock(2) on it" % held
+                  in p.stderr, "a locked job_state: %r" % (p,))
+            p = end_job("--job-state", held, "--end-job", "5")
+            check(p.returncode == 1 and "another process holds an flock(2) on it" in p.stderr
+                  and open(held).read() == "", "--end-job on a locked file: %r" % (p,))
+        # A lock file that is another daemon's state file (job_state v, whose v.lock is a
+        # state file): never taken for the lock.
+        v = os.path.join(tmp, "v")
+        with open(v + ".lock", "w") as f:
+            f.write("dspkd-jobs 1\nend 0\n")
+        os.chmod(v + ".lock", 0o600)
+        p = start("--job-state", v)
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              "cannot lock %s.lock: not empty (a dspkd state file" % v in p.stderr,
+              "a lock that is a state file: %r" % (p,))
+        p = end_job("--job-state", v, "--end-job", "5")
+        check(p.returncode == 1 and "cannot lock %s.lock: not empty" % v in p.stderr and
+              not os.path.exists(v), "--end-job, a lock that is a state file: %r" % (p,))
+        # The lock replaced under the running daemon: job.register fails with EIO, the file
+        # unchanged.
+        before = open(state).read()
+        with open(state + ".lock.new", "w") as f:
+            pass
+        os.chmod(state + ".lock.new", 0o600)
+        os.rename(state + ".lock.new", state + ".lock")
+        e = err_of(d.client(), "job.register", {"job": 102, "uid": NOBODY, "devices": []})
+        check(e[0] == "EIO" and "its lock file %s.lock is no longer the file dspkd locked"
+              % state in e[1] and open(state).read() == before,
+              "job.register after the lock was replaced: %r" % (e,))
+        check("no longer the file dspkd locked" in d.logtext(), "the log says so")
+    daemon_check(Daemon(exe, tmp, ["--config", ""]), running)
+
+
+def reload_guard(exe, tmp):
+    """A reload refuses a job_state the next start would refuse (dspk.conf(5)): the
+    configuration file itself, the socket, a name ending in .lock; the running
+    configuration stays, and the log names the reason."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "d.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\n")
+
+    def reloads(d):
+        for value, why in ((conf, "is the configuration file"), (d.sock, "is the socket"),
+                           (os.path.join(tmp, "j.lock"), "ends in .lock")):
+            with open(conf, "w") as f:
+                f.write("[daemon]\njob_state = %s\n" % value)
+            e = err_of(d.client(), "daemon.reload", {})
+            check(e[0] != "ok" and why in e[1] and "keeping the running configuration" in e[1],
+                  "reload, job_state %s: %r" % (value, e))
+            log = d.logtext()
+            check(("reload: %s: job_state %s %s" % (conf, value, why)) in log and
+                  "takes effect at the next start" not in log and
+                  "configuration reloaded" not in log, "reload, job_state %s: the log:\n%s"
+                  % (value, log[-3000:]))
+        # A good one is still taken (said as a change for the next start).
+        with open(conf, "w") as f:
+            f.write("[daemon]\njob_state = %s\n" % os.path.join(tmp, "next.jobs"))
+        d.client().call("daemon.reload", {})
+        check("job_state changed; it takes effect at the next start" in d.logtext(),
+              "a good job_state at a reload")
+    daemon_check(Daemon(exe, tmp, ["--config", conf]), reloads)
 
 
 def collide(exe, tmp):
