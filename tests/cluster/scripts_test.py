@@ -13,8 +13,9 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
   naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
   both (exit 1); a copy's messages name the tree's paths without "..";
-- SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty: exit 2 with the scripts'
-  own line;
+- SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty, or a SLURM_JOB_ID that
+  is no job id (abc, 0, 05, " 5", 2^64): exit 2 with the scripts' own line, before
+  dspk-submit or dspkd runs;
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
   120); 0, fractions, suffixes, signs and values over 999999999 are refused with one line
   (exit 2) before dspk-submit runs.
@@ -203,6 +204,21 @@ def variables(sdir, sock):
             check(p.returncode == 2 and p.stdout == "" and
                   p.stderr == "dspk %s: SLURM_JOB_ID is %s\n" % (s, said),
                   "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+    # A SLURM_JOB_ID that is no job id (dspkd --end-job's rule: digits, from 1 to 2^64-1,
+    # no leading zero, no blanks): exit 2 with one line before anything else, with a
+    # daemon (a socket) or without one (the epilog would run dspkd --end-job).
+    for s in ("prolog", "epilog"):
+        for val in ("abc", "0", "00", "05", " 5", "5 ", "+5", "-5", "1e3", "5\n",
+                    "18446744073709551616", "99999999999999999999", "184467440737095516150"):
+            for where in (sock, "/nonexistent"):
+                p = run(os.path.join(sdir, s), DSPK_SOCKET=where, SLURM_JOB_ID=val)
+                check(p.returncode == 2 and p.stdout == "" and
+                      p.stderr == "dspk %s: SLURM_JOB_ID is '%s': expected a Slurm job id "
+                      "(decimal digits from 1 to 18446744073709551615, without a leading "
+                      "zero)\n" % (s, val), "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+        p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, SLURM_JOB_ID="18446744073709551615")
+        check(p.returncode == 0 and "18446744073709551615" in p.stdout.splitlines(),
+              "%s, the largest job id: %r" % (s, p))
     for val, said in ((None, "not set"), ("", "empty")):
         p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, SLURM_JOB_UID=val)
         check(p.returncode == 2 and p.stdout == "" and
