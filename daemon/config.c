@@ -119,11 +119,12 @@ static const struct key keys[] = {
     {NULL, "end_job", K_UINT, F(end_job), 1, UINT64_MAX, false, IN_ARGV, NULL, "ID",
      "do not start: mark Slurm job ID ended in the job_state file, for an epilog that "
      "finds no daemon, and print what was found; exit 0 (ended in the file, now or "
-     "before), 4 (no state file there, nor perhaps its directory: nothing registered), 3 "
+     "before), 4 (no state file there, nor perhaps its directory, or a file where its "
+     "directory should be: nothing registered), 3 "
      "when a running dspkd holds the file (end the job through it), 1 when the file is "
      "refused or cannot be locked or written, 2 for a bad ID (digits from 1, no leading "
-     "zero), command line or configuration, or when no state file can be named or its "
-     "path is not one (dspkd(8))"},
+     "zero), command line or configuration, or when no state file can be named, it is "
+     "another of dspkd's files, or its directory cannot be looked at (dspkd(8))"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
      "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,

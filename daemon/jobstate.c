@@ -617,8 +617,14 @@ static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
   j->uid = (uid_t)uid;
   for (int i = 2; i < n; i++) {
     if (!uuid_ok(w[i])) {
-      snprintf(why, len, "job %" PRIu64 ": \"%.40s\" is not a UUID (lower-case hex digits)",
-               id, w[i]);
+      size_t k = strlen(w[i]);
+      /* The quote cut at 40 bytes is marked so ("..."). */
+      if (k >= DSPKD_UUID_LEN && strspn(w[i], "0123456789abcdef") == k)
+        snprintf(why, len, "job %" PRIu64 ": UUID \"%.40s%s\" has %zu hex digits, more than "
+                 "%d", id, w[i], k > 40 ? "..." : "", k, DSPKD_UUID_LEN - 1);
+      else
+        snprintf(why, len, "job %" PRIu64 ": \"%.40s%s\" is not a UUID (lower-case hex "
+                 "digits)", id, w[i], k > 40 ? "..." : "");
       free(j);
       return -1;
     }
@@ -688,6 +694,30 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
       return 0;
     snprintf(why, len, "not \"" STATE_MAGIC "\" (not a dspkd job state file, or "
              "another version's)");
+    return -1;
+  }
+  /* The separator is one space: a tab, another control byte, a blank at
+   * either end or two in a row are said as such, not as a line of no known
+   * kind. */
+  for (const char *c = line; *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+      if (*c == '\t')
+        snprintf(why, len, "a tab at byte %zu (fields are separated by one space)",
+                 (size_t)(c - line) + 1);
+      else
+        snprintf(why, len, "a control byte 0x%02x at byte %zu%s", (unsigned char)*c,
+                 (size_t)(c - line) + 1, *c == '\r' ? " (a carriage return: DOS line ends?)"
+                                                     : "");
+      return -1;
+    }
+  if (!line[0]) {
+    snprintf(why, len, "an empty line");
+    return -1;
+  }
+  if (line[0] == ' ' || line[strlen(line) - 1] == ' ' || strstr(line, "  ")) {
+    snprintf(why, len, "%s (fields are separated by one space)",
+             line[0] == ' ' ? "a blank at the start of the line"
+             : strstr(line, "  ") ? "two blanks in a row" : "a blank at the end of the line");
     return -1;
   }
   n = split(line, w, (int)(sizeof w / sizeof w[0]));
@@ -940,13 +970,51 @@ static bool end_in(struct dspkd *d, uint64_t id, uid_t *uid) {
   return true;
 }
 
-/* The outcome when there is no state file: nothing is registered in it. */
-static int no_file(const struct dspkd *d, uint64_t id, const char *dir, char *said,
+/* The outcome when there is no state file: nothing is registered in it;
+ * note (NULL: none) says why there can be none ("no directory DIR", "F is
+ * not a directory"). */
+static int no_file(const struct dspkd *d, uint64_t id, const char *note, char *said,
                    size_t len) {
   snprintf(said, len, "Slurm job %" PRIu64 ": no state file %s%s%s%s: nothing is registered "
-           "there", id, d->job_state, dir ? " (no directory " : "", dir ? dir : "",
-           dir ? ")" : "");
+           "there", id, d->job_state, note ? " (" : "", note ? note : "", note ? ")" : "");
   return DSPKD_EXIT_NOFILE;
+}
+
+/* Whether there can be no state file at path because its directory is
+ * missing (/run/dspk on a node just rebooted) or a file is where a
+ * directory of its path should be: then why in note.  A directory that
+ * cannot be looked at for another reason (EACCES) is not known to be
+ * missing: false. */
+static bool no_dir(const char *path, char *note, size_t len) {
+  char dir[sizeof((struct dspkd *)0)->job_state], up[sizeof dir];
+  struct stat st;
+
+  dir_of(path, dir, sizeof dir);
+  if (stat(dir, &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      return false;
+    snprintf(note, len, "%s is not a directory", dir);
+    return true;
+  }
+  if (errno == ENOENT) {
+    snprintf(note, len, "no directory %s", dir);
+    return true;
+  }
+  if (errno != ENOTDIR)
+    return false;
+  /* A file on the way: the nearest ancestor that exists is it. */
+  snprintf(up, sizeof up, "%s", dir);
+  while (strcmp(up, "/") != 0 && strcmp(up, ".") != 0) {
+    char parent[sizeof dir];
+    dir_of(up, parent, sizeof parent);
+    snprintf(up, sizeof up, "%s", parent);
+    if (stat(up, &st) == 0 && !S_ISDIR(st.st_mode)) {
+      snprintf(note, len, "%s is not a directory", up);
+      return true;
+    }
+  }
+  snprintf(note, len, "a file is on the path of %s", dir);
+  return true;
 }
 
 /* The state file is refused for why (the words of the start's refusal):
@@ -1009,6 +1077,7 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   uid_t owner = geteuid();
   gid_t group = getegid();
   char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
+  char note[sizeof d->job_state + 32];
   bool exists;
   int fd, r;
   mode_t mode;
@@ -1017,13 +1086,18 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
     dspkd_error("--end-job %" PRIu64 ": no state file to end it in", id);
     return 2;
   }
-  /* No directory (/run/dspk on a node just rebooted): no file, so no job a
-   * start would register again, as when the file alone is missing. */
+  /* No directory (/run/dspk on a node just rebooted), or a file where a
+   * directory should be (the socket's path under a file): no file can be
+   * there, so no job a start would register again, as when the file alone
+   * is missing (exit 4, never the start's "cannot be written"). */
+  if (no_dir(d->job_state, note, sizeof note))
+    return no_file(d, id, note, said, len);
   dir_of(d->job_state, dir, sizeof dir);
-  if (stat(dir, &st) != 0 && errno == ENOENT)
-    return no_file(d, id, dir, said, len);
-  if (check_dir(d->job_state) != 0)
+  if (stat(dir, &st) != 0) {
+    dspkd_error("--end-job %" PRIu64 ": cannot tell whether the state file %s exists: its "
+                "directory %s: %s", id, d->job_state, dir, strerror(errno));
     return 2;
+  }
   /* What is at the path (lstat, as the start's read looks first): nothing
    * (no file, exit 4), a regular file, or something the start refuses (a
    * symbolic link, dangling or not, a directory, a FIFO, a socket, a

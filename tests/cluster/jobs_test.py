@@ -1101,7 +1101,7 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
                                 timeout=TIMEOUT).stdout.split())
     for status in ("exit 0 (ended in the file", ", 4 (no state file", ", 3 when a running",
                    ", 1 when the file is refused", ", 2 for a bad ID",
-                   "path is not one (dspkd(8)) --ready-fd"):
+                   "its directory cannot be looked at (dspkd(8)) --ready-fd"):
         check(status in h, "--help's --end-job names %r: %s" % (status, h))
     # A job line with more UUIDs than a job may have GPUs is refused for that reason
     # (as the start refuses it); 64 are taken.
@@ -1114,10 +1114,35 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
         p = end_job("--socket", sock, "--end-job", "5")
         check(p.returncode == rc and said in p.stderr + p.stdout,
               "a job of %d UUIDs: %r" % (n, p))
+    # What is wrong is said: the separator (one space), a UUID's length (at most 39 hex
+    # digits, a quote cut at 40 marked "..."), not "expected job, ended or end" nor "not
+    # a UUID (lower-case hex digits)".  The start reads with the same reader.
+    sep = " (fields are separated by one space)"
+    for text, said in (
+            ("job 5 1 \n", "line 2: a blank at the end of the line" + sep),
+            ("job  5 1\n", "line 2: two blanks in a row" + sep),
+            (" job 5 1\n", "line 2: a blank at the start of the line" + sep),
+            ("job\t5 1\n", "line 2: a tab at byte 4" + sep),
+            ("ended 5 1 \n", "line 2: a blank at the end of the line" + sep),
+            ("ended 5\t1\n", "line 2: a tab at byte 8" + sep),
+            ("job 5 1\r\n", "line 2: a control byte 0x0d at byte 8 (a carriage return"),
+            ("\n", "line 2: an empty line"),
+            ("job 5 1 %s\n" % ("0" * 39 + "1"),
+             "line 2: job 5: UUID \"%s\" has 40 hex digits, more than 39" % ("0" * 39 + "1")),
+            ("job 5 1 %s\n" % ("a" * 45),
+             "line 2: job 5: UUID \"%s...\" has 45 hex digits, more than 39" % ("a" * 40)),
+            ("job 5 1 %s\n" % ("g" * 45),
+             "line 2: job 5: \"%s...\" is not a UUID (lower-case hex digits)" % ("g" * 40))):
+        with open(state, "w") as f:
+            f.write("dspkd-jobs 1\n%send 1\n" % text)
+        os.chmod(state, 0o600)
+        p = end_job("--socket", sock, "--end-job", "5")
+        check(p.returncode == 1 and ("refusing the state file %s: %s" % (state, said))
+              in p.stderr, "state file line %r: %r" % (text, p))
     os.unlink(state)
     # No directory for it either (/run/dspk on a node just rebooted): nothing to end,
     # exit 4 as for no file (it exited 2); the epilog says so truthfully, exit 0 (no
-    # drain); a path through a file is still exit 2.
+    # drain); so is a path through a file (below).
     gone = os.path.join(tmp, "gone")
     p = end_job("--socket", os.path.join(gone, "dspkd.sock"), "--end-job", "32")
     check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state file "
@@ -1153,13 +1178,25 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
         "job 35" not in open(elsewhere).read(), "state file named: %r" % (p,))
     for f in (elsewhere, elsewhere + ".lock", os.path.join(tmp, "dspkd.log")):
         os.unlink(f)
+    # A file where the state file's directory should be (the socket's path under a
+    # file): no state file can be there, exit 4 as for no directory (it was exit 2 with
+    # the start's "cannot be written ... (set job_state)"), deeper too.
     afile = os.path.join(tmp, "afile")
     open(afile, "w").close()
-    p = end_job("--job-state", os.path.join(afile, "x.jobs"), "--socket", sock,
-                "--end-job", "32")
+    for under in ("x.jobs", "sub/x.jobs"):
+        state_at = os.path.join(afile, under)
+        p = end_job("--job-state", state_at, "--socket", sock, "--end-job", "32")
+        check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state "
+              "file %s (%s is not a directory): nothing is registered there\n"
+              % (state_at, afile), "a state file's directory that is a file: %r" % (p,))
+    p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=epilog_env(os.path.join(afile, "s.sock"), 32, **env))
+    check(p.returncode == 0 and p.stderr.splitlines()[-1].endswith(
+        "dspkd --end-job: Slurm job 32: no state file %s/s.jobs (%s is not a directory): "
+        "nothing is registered there; if dspkd keeps its state elsewhere, DSPK_DSPKD_OPTIONS "
+        "must name it (--config FILE or --job-state FILE, as dspkd has them)" % (afile, afile))
+        and "stays registered" not in p.stderr, "the epilog, a socket under a file: %r" % (p,))
     os.unlink(afile)
-    check(p.returncode == 2 and "%s is not a directory" % afile in p.stderr,
-          "a state file's directory that is a file: %r" % (p,))
 
     # A daemon that holds the lock but does not listen yet (its start paused): the
     # epilog ends the job through it once it listens, trying once a second until its
@@ -1175,8 +1212,8 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
                            env=epilog_env(sock, 33, DSPK_EPILOG_TIMEOUT="1", **env))
         check(p.returncode == 1 and p.stdout == "" and "a running dspkd holds" in p.stderr and
               "could not end the job in its state file (exit 3" in p.stderr and
-              "dspkd --end-job 33" in p.stderr, "a daemon that holds the lock, silent: %r"
-              % (p,))
+              "dspkd --socket %s --end-job 33" % sock in p.stderr,
+              "a daemon that holds the lock, silent: %r" % (p,))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(TIMEOUT)
