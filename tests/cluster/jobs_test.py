@@ -6,9 +6,12 @@ filtered, ENODEV for the others, buffers included, "any" among the allowed), per
 memory quota, the job in status, metrics and traces, nothing of a job left after
 job.end, and registrations that outlive a restart (the state file, refused when unsafe
 or corrupt, EIO when it cannot be written; restart()), an epilog that runs while no
-dspkd listens (dspkd --end-job, the state file's lock; down()), where the state file is
-(paths()), and a daemon under a /proc that hides other users' processes (hidden(): printed
-as skipped where it cannot run; exit 77 when it is the case asked for).  The excluded
+dspkd listens (dspkd --end-job, the state file's lock; down(); on the socket it was given,
+through a link too: epilog_socket()), where the state file is (paths()), what keeps the lock
+from another daemon's files and what a reload refuses (lock_guard(), reload_guard()), the
+cgroup line of Slurm's hierarchy alone (cgroup_case()), and a daemon under a /proc that hides
+other users' processes (hidden(): printed as skipped where it cannot run; exit 77 when it is
+the case asked for; so is cgroup without writable v1 freezer and pids hierarchies).  The excluded
 device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped) without
 one.
 
