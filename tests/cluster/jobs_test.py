@@ -1361,7 +1361,8 @@ def lock_guard(exe, tmp):
         d.client().call("job.register", {"job": 101, "uid": NOBODY, "devices": []})
         for name, sfx in ((state + ".lock", ".lock"), (state + ".tmp", ".tmp"),
                           (os.path.join(tmp, "x.lock"), ".lock")):
-            for p in (start("--job-state", name), end_job("--job-state", name, "--end-job", "5")):
+            for p in (start("--job-state", name),
+                      end_job("--job-state", name, "--end-job", "5")):
                 check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
                       ("--job-state %s ends in %s" % (name, sfx)) in p.stderr and
                       not os.path.exists(other), "job_state %s: %r" % (name, p))
