@@ -228,8 +228,13 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
 static bool held_by_other(const char *path) {
   struct stat st;
   bool held;
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  int fd;
 
+  /* Looked at first: what is not a regular file (a device, a FIFO) is
+   * never opened here; the read refuses it for what it is. */
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    return false;
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
     return false;
   held = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_SH | LOCK_NB) != 0 &&
