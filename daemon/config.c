@@ -119,11 +119,12 @@ static const struct key keys[] = {
     {NULL, "end_job", K_UINT, F(end_job), 1, UINT64_MAX, false, IN_ARGV, NULL, "ID",
      "do not start: mark Slurm job ID ended in the job_state file, for an epilog that "
      "finds no daemon, and print what was found; exit 0 (ended in the file, now or "
-     "before), 4 (no state file there, nor perhaps its directory: nothing registered), 3 "
+     "before), 4 (no state file there, nor perhaps its directory, or a file where its "
+     "directory should be: nothing registered), 3 "
      "when a running dspkd holds the file (end the job through it), 1 when the file is "
      "refused or cannot be locked or written, 2 for a bad ID (digits from 1, no leading "
-     "zero), command line or configuration, or when no state file can be named or its "
-     "path is not one (dspkd(8))"},
+     "zero), command line or configuration, or when no state file can be named, it is "
+     "another of dspkd's files, or its directory cannot be looked at (dspkd(8))"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
      "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
@@ -1364,7 +1365,7 @@ void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long lon
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw, was;
   size_t clients_were = d->cfg.max_clients;
-  char err[PATH_MAX + 512];
+  char err[3 * PATH_MAX + 512];
   int r;
 
   if (!conf_path[0]) {
@@ -1382,6 +1383,21 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     if (msg && msglen)
       snprintf(msg, msglen, "%.*s; keeping the running configuration",
                (int)(msglen > 64 ? msglen - 40 : msglen), err);
+    goto out;
+  }
+  /* The state file the next start would use must pass the start's checks
+   * now, as a relative job_state is refused above: else a reload would
+   * accept a value that the next start (a package upgrade weeks later)
+   * and the epilog's dspkd --end-job refuse. */
+  if (dspkd_paths_reload_check(
+          &nw, (flag_mask >> key_index("socket")) & 1, (flag_mask >> key_index("job_state")) & 1,
+          ((flag_mask >> key_index("cache")) | (flag_mask >> key_index("no_cache"))) & 1, err,
+          sizeof err) != 0) {
+    dspkd_error("reload: %s; keeping the running configuration", err);
+    if (msg && msglen)
+      snprintf(msg, msglen, "%.*s; keeping the running configuration",
+               (int)(msglen > 64 ? msglen - 40 : msglen), err);
+    r = DSPK_EINVAL;
     goto out;
   }
   /* The start's file socket, with which the file's new one is compared. */

@@ -492,6 +492,11 @@ struct dspkd {
    * cpu only, as with job_required, until the daemon stops). */
   char job_state[4096];
   bool jobs_fail_closed;
+  /* The lock file it holds (job_state.lock): its inode as locked, which
+   * each rewrite of the state file checks is still the one at the path. */
+  bool job_lock_held;
+  dev_t job_lock_dev;
+  ino_t job_lock_ino;
   uint64_t next_conn_id;
   uint64_t next_buf_id;
   bool stopping;
@@ -726,7 +731,9 @@ uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev);
 /* Decides the connection's job if not yet done: 0 (c->job set, or NULL for
  * no job), or DSPK_EPERM with msg set (a claim it may not make, or a uid
  * with several jobs here and no claim). */
-enum { DSPKD_CG_NONE, DSPKD_CG_JOB, DSPKD_CG_GONE };
+/* DSPKD_CG_TWO: the line of Slurm's hierarchy names two jobs, so neither
+ * is believed (EPERM while the uid has jobs here). */
+enum { DSPKD_CG_NONE, DSPKD_CG_JOB, DSPKD_CG_GONE, DSPKD_CG_TWO };
 /* Reads the peer's cgroup into c->cg_state and c->cg_job (at accept). */
 void dspkd_job_peer_cgroup(struct conn *c);
 int dspkd_job_resolve(struct conn *c, char *msg, size_t len);

@@ -6,8 +6,9 @@
  * the uid it runs as and the UUIDs of the GPUs Slurm gave it on this node.
  * A connection's job is decided once, at its first request that needs a
  * device (devices, buffer.create, task.run), from, in this order:
- *   1. the peer's cgroup (/proc/PID/cgroup): Slurm's cgroup plugins put a
- *      job's processes under a path with ".../job_<id>/...";
+ *   1. the peer's cgroup (/proc/PID/cgroup), the line of the hierarchy
+ *      Slurm's proctrack/cgroup uses alone (v1's freezer, else v2's "0::"):
+ *      it puts a job's processes under a path with ".../job_<id>/...";
  *   2. the job the client claimed in hello (libdspkclient and the Python
  *      client send SLURM_JOB_ID);
  *   3. without either: the uid's only registered job on this node.
@@ -208,9 +209,55 @@ static bool process_gone(pid_t pid) {
   return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-/* The peer's cgroup as it connects (c->cg_state, c->cg_job): its path names
- * a job ("/job_<id>/" of Slurm's cgroup plugins, v1 and v2), or none, or
- * it could not be read because the process had exited already.  A cgroup
+/* The job named by path, a cgroup path of /proc/PID/cgroup: the id of its
+ * first component "job_<digits>" (Slurm's cgroup plugins: v1
+ * /slurm/uid_U/job_N/step_S, v2 /system.slice/slurmstepd.scope/job_N/...).
+ * DSPKD_CG_JOB with *id, DSPKD_CG_NONE for no such component, or
+ * DSPKD_CG_TWO when another component names another job (a directory made
+ * inside a job's cgroup). */
+static int path_job(const char *path, uint64_t *id) {
+  int state = DSPKD_CG_NONE;
+  for (const char *p = strstr(path, "/job_"); p; p = strstr(p + 1, "/job_")) {
+    char *end;
+    unsigned long long v;
+    if (p[5] < '0' || p[5] > '9')
+      continue;
+    errno = 0;
+    v = strtoull(p + 5, &end, 10);
+    if (errno || (*end != '/' && *end != '\n' && *end != '\0'))
+      continue;
+    if (state == DSPKD_CG_JOB && v != *id)
+      return DSPKD_CG_TWO;
+    *id = v;
+    state = DSPKD_CG_JOB;
+  }
+  return state;
+}
+
+/* Whether the comma list of controllers list (a /proc/PID/cgroup line's
+ * second field) has name. */
+static bool has_controller(const char *list, size_t len, const char *name) {
+  size_t n = strlen(name);
+  for (const char *s = list, *end = list + len; s < end;) {
+    const char *comma = memchr(s, ',', (size_t)(end - s));
+    size_t k = comma ? (size_t)(comma - s) : (size_t)(end - s);
+    if (k == n && memcmp(s, name, n) == 0)
+      return true;
+    s += k + 1;
+  }
+  return false;
+}
+
+/* The peer's cgroup as it connects (c->cg_state, c->cg_job), from the one
+ * line of /proc/PID/cgroup of the hierarchy Slurm's proctrack/cgroup puts
+ * a job's processes in: cgroup v1's freezer hierarchy, else (no freezer
+ * line: cgroup v2 alone) the unified one ("0::").  The other lines are not
+ * read: a v1 hierarchy that systemd delegates to the user (its
+ * user@UID.service), or the unified one beside v1's, is one the process
+ * may write to, and a directory job_<other> it made there named its user's
+ * other job.  The job is that line's "/job_<id>/" (path_job: two jobs in
+ * it are DSPKD_CG_TWO), or none, or the cgroup could not be read because
+ * the process had exited already.  A cgroup
  * that cannot be read for another reason (permissions, or a /proc that
  * hides other users' processes) is passed by (none).  Read at once, while
  * the pid SO_PEERCRED recorded is still the peer's: read later, at the
@@ -218,8 +265,12 @@ static bool process_gone(pid_t pid) {
  * (or daemonized) would be gone and its claim believed, or its pid another
  * process's. */
 void dspkd_job_peer_cgroup(struct conn *c) {
-  char path[64], line[1024];
+  char path[64], *line = NULL, *v2 = NULL, *v1 = NULL;
+  size_t cap = 0;
   FILE *f;
+  uint64_t id = 0;
+  bool oom = false;
+
   c->cg_state = DSPKD_CG_NONE;
   if (c->pid <= 0)
     return;
@@ -233,18 +284,29 @@ void dspkd_job_peer_cgroup(struct conn *c) {
                   DSPKD_PEER_ARGS(c), e == ENOENT ? "the process is hidden" : strerror(e));
     return;
   }
-  while (c->cg_state == DSPKD_CG_NONE && fgets(line, sizeof line, f)) {
-    for (char *p = strstr(line, "/job_"); p; p = strstr(p + 1, "/job_")) {
-      char *end;
-      unsigned long long v = strtoull(p + 5, &end, 10);
-      if (end != p + 5 && (*end == '/' || *end == '\n' || *end == '\0')) {
-        c->cg_job = v;
-        c->cg_state = DSPKD_CG_JOB;
-        break;
-      }
-    }
+  /* "ID:CONTROLLERS:PATH" a line; the path may hold colons.  A line that
+   * cannot be kept (out of memory) or a read error leaves nothing to
+   * believe: DSPKD_CG_TWO, as a cgroup that names two jobs. */
+  while (!oom && getline(&line, &cap, f) > 0) {
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2)
+      continue;
+    if (!v1 && has_controller(c1 + 1, (size_t)(c2 - c1 - 1), "freezer"))
+      oom = !(v1 = strdup(c2 + 1));
+    else if (!v2 && c1 == line + 1 && line[0] == '0' && c2 == c1 + 1)
+      oom = !(v2 = strdup(c2 + 1));
   }
+  oom = oom || ferror(f);
+  free(line);
   fclose(f);
+  if (oom)
+    c->cg_state = DSPKD_CG_TWO;
+  else if (v1 || v2)
+    c->cg_state = path_job(v1 ? v1 : v2, &id);
+  if (c->cg_state == DSPKD_CG_JOB)
+    c->cg_job = id;
+  free(v1);
+  free(v2);
 }
 
 static void job_bind(struct conn *c, struct djob *j) {
@@ -290,6 +352,13 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
     snprintf(msg, len, "the process that connected (pid %ld) had exited before its cgroup "
              "could be read, and uid %ld has %zu Slurm job(s) here: connect from the job's "
              "own process", (long)c->pid, (long)c->uid, mine);
+    return DSPK_EPERM;
+  }
+  /* Neither job of a cgroup that names two is believed, nor a claim. */
+  if (c->cg_state == DSPKD_CG_TWO && mine) {
+    snprintf(msg, len, "the cgroup of the process that connected (pid %ld) names two Slurm "
+             "jobs (or could not be read whole), and uid %ld has %zu Slurm job(s) here: "
+             "connect from the job's own process", (long)c->pid, (long)c->uid, mine);
     return DSPK_EPERM;
   }
   if (conn_names_job(c, &claim, &how)) {

@@ -25,7 +25,12 @@
  * only, as with job_required, until the daemon stops).
  *
  * A running daemon holds an exclusive flock(2) on PATH.lock from before it
- * reads the file until it exits.  dspkd --end-job ID (no daemon started:
+ * reads the file until it exits, and checks before each rewrite that the
+ * lock file is still the inode it locked (EIO when not: its lock no longer
+ * keeps anyone off the file).  A PATH.lock that is not empty (another
+ * daemon's state file) is never taken for the lock, nor a PATH that another
+ * process holds an flock on for a state file (another daemon's lock file);
+ * daemon/paths.c refuses the names of such files (.lock, .tmp).  dspkd --end-job ID (no daemon started:
  * the epilog of a job that ended while no daemon listened) takes it without
  * waiting, reads the file as the start does (what is there but is not a
  * regular file is refused for that reason, never taken for no file),
@@ -129,6 +134,19 @@ static const char *not_regular(mode_t mode) {
   return "not a regular file";
 }
 
+/* Whether the file open on fd begins "dspkd-jobs " (a dspkd state file of
+ * any version). */
+static bool is_state_file(int fd) {
+  static const char magic[] = "dspkd-jobs ";
+  char head[sizeof magic - 1];
+  ssize_t n;
+
+  do
+    n = pread(fd, head, sizeof head, 0);
+  while (n < 0 && errno == EINTR);
+  return (size_t)n == sizeof head && memcmp(head, magic, sizeof head) == 0;
+}
+
 /* ---- the lock ----------------------------------------------------------- */
 
 /* PATH.lock, beside the state file: a running daemon holds an exclusive
@@ -136,7 +154,9 @@ static const char *not_regular(mode_t mode) {
  * that dspkd --end-job (which takes it without waiting) never changes the
  * file under a daemon, whose next write would bring the job back.  The
  * file is empty; it must be a regular file of owner (created so, mode
- * 0600), not writable by group or others, not a symbolic link.  The
+ * 0600), not writable by group or others, not a symbolic link, and empty
+ * (dspkd never writes it: one with text is another file, another daemon's
+ * state file at worst, whose next write would replace the lock).  The
  * locked descriptor; -2 when another process holds the lock; -3 when it
  * does not exist and create is false; -1 with why. */
 static int lock_take(const char *state, uid_t owner, gid_t group, bool create, char *why,
@@ -182,6 +202,12 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
   else if (st.st_mode & (S_IWGRP | S_IWOTH))
     snprintf(why, len, "writable by group or others (mode %04o)",
              (unsigned)(st.st_mode & 07777));
+  else if (st.st_size != 0)
+    snprintf(why, len, "not empty (%s): not a lock file dspkd made, which is empty; "
+             "give each daemon a state file of its own", is_state_file(fd)
+                 ? "a dspkd state file: another daemon's, whose next write would replace "
+                   "this lock"
+                 : "another program's file");
   else if (flock(fd, LOCK_EX | LOCK_NB) == 0)
     return fd;
   else if (errno == EWOULDBLOCK) {
@@ -191,6 +217,45 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
     snprintf(why, len, "flock: %s", strerror(errno));
   close(fd);
   return -1;
+}
+
+/* Whether another process holds an flock(2) on the regular file at path
+ * (tried shared, without waiting, and let go at once): such a file is a
+ * lock file (another daemon's PATH.lock, named as job_state by a slip),
+ * never a state file, which nothing locks; taken for an empty state file,
+ * the first write renamed a state file over it and the other daemon's lock
+ * was gone. */
+static bool held_by_other(const char *path) {
+  struct stat st;
+  bool held;
+  int fd;
+
+  /* Looked at first: what is not a regular file (a device, a FIFO) is
+   * never opened here; the read refuses it for what it is. */
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    return false;
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  held = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_SH | LOCK_NB) != 0 &&
+         errno == EWOULDBLOCK;
+  close(fd); /* lets a shared lock taken here go */
+  return held;
+}
+
+#define HELD_WHY "another process holds an flock(2) on it: it is a lock file (another " \
+                 "dspkd's PATH.lock), not a state file"
+
+/* Records the inode of the lock held on fd, which save checks before each
+ * rewrite.  0, or -1 (fstat failed). */
+static int note_lock(struct dspkd *d, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return -1;
+  d->job_lock_held = true;
+  d->job_lock_dev = st.st_dev;
+  d->job_lock_ino = st.st_ino;
+  return 0;
 }
 
 int dspkd_jobstate_start(struct dspkd *d) {
@@ -213,10 +278,22 @@ int dspkd_jobstate_start(struct dspkd *d) {
                 "starting: give each daemon its own job_state", d->job_state, d->job_state);
     return -1;
   }
+  if (fd >= 0 && note_lock(d, fd) != 0) {
+    snprintf(why, sizeof why, "fstat: %s", strerror(errno));
+    close(fd);
+    fd = -1;
+  }
   if (fd < 0) {
     dspkd_error("Slurm jobs: cannot lock %s.lock: %s; not starting (dspkd --end-job could "
                 "then change the state file %s under this daemon)", d->job_state, why,
                 d->job_state);
+    return -1;
+  }
+  /* Checked with the lock held, so that a daemon on that lock file cannot
+   * be starting meanwhile unseen. */
+  if (held_by_other(d->job_state)) {
+    dspkd_error("Slurm jobs: refusing the state file %s: " HELD_WHY "; not starting: give "
+                "job_state another path", d->job_state);
     return -1;
   }
   /* Held, never closed: the kernel lets it go when the daemon exits. */
@@ -400,6 +477,30 @@ fail:
   return -1;
 }
 
+/* Whether the lock file at job_state.lock is no longer the inode d locked
+ * (replaced, renamed or removed: another daemon that took it for its state
+ * file, or a hand): d's flock then guards nothing, and dspkd --end-job or a
+ * daemon started on the same file could change it under d, whose next
+ * write would undo that.  The message in msg when so. */
+static bool lock_moved(const struct dspkd *d, char *msg, size_t len) {
+  char lock[sizeof d->job_state + 8];
+  struct stat st;
+
+  if (!d->job_lock_held)
+    return false;
+  snprintf(lock, sizeof lock, "%s.lock", d->job_state);
+  int r = lstat(lock, &st), e = errno;
+
+  if (r == 0 && st.st_dev == d->job_lock_dev && st.st_ino == d->job_lock_ino)
+    return false;
+  snprintf(msg, len, "cannot write the Slurm jobs' state file %s: its lock file %s is no "
+           "longer the file dspkd locked (%s), so dspkd --end-job or another dspkd could "
+           "change the state file meanwhile; nothing written: find what replaced the lock "
+           "(a daemon whose job_state names it), then restart dspkd", d->job_state, lock,
+           r != 0 && e == ENOENT ? "it was removed" : "another file is there");
+  return true;
+}
+
 /* dspkd_jobstate_save, the file written with keep's owner, group and mode
  * (NULL: the daemon's, 0600). */
 static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_t len) {
@@ -412,6 +513,8 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
     snprintf(msg, len, "no Slurm jobs' state file (set job_state in dspkd.conf)");
     return DSPK_EIO;
   }
+  if (lock_moved(d, msg, len))
+    return DSPK_EIO;
   r = state_text(d, &text, &n);
   if (r == 0)
     r = replace_file(d->job_state, text, n, keep, &step);
@@ -519,8 +622,14 @@ static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
   j->uid = (uid_t)uid;
   for (int i = 2; i < n; i++) {
     if (!uuid_ok(w[i])) {
-      snprintf(why, len, "job %" PRIu64 ": \"%.40s\" is not a UUID (lower-case hex digits)",
-               id, w[i]);
+      size_t k = strlen(w[i]);
+      /* The quote cut at 40 bytes is marked so ("..."). */
+      if (k >= DSPKD_UUID_LEN && strspn(w[i], "0123456789abcdef") == k)
+        snprintf(why, len, "job %" PRIu64 ": UUID \"%.40s%s\" has %zu hex digits, more than "
+                 "%d", id, w[i], k > 40 ? "..." : "", k, DSPKD_UUID_LEN - 1);
+      else
+        snprintf(why, len, "job %" PRIu64 ": \"%.40s%s\" is not a UUID (lower-case hex "
+                 "digits)", id, w[i], k > 40 ? "..." : "");
       free(j);
       return -1;
     }
@@ -590,6 +699,30 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
       return 0;
     snprintf(why, len, "not \"" STATE_MAGIC "\" (not a dspkd job state file, or "
              "another version's)");
+    return -1;
+  }
+  /* The separator is one space: a tab, another control byte, a blank at
+   * either end or two in a row are said as such, not as a line of no known
+   * kind. */
+  for (const char *c = line; *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+      if (*c == '\t')
+        snprintf(why, len, "a tab at byte %zu (fields are separated by one space)",
+                 (size_t)(c - line) + 1);
+      else
+        snprintf(why, len, "a control byte 0x%02x at byte %zu%s", (unsigned char)*c,
+                 (size_t)(c - line) + 1, *c == '\r' ? " (a carriage return: DOS line ends?)"
+                                                     : "");
+      return -1;
+    }
+  if (!line[0]) {
+    snprintf(why, len, "an empty line");
+    return -1;
+  }
+  if (line[0] == ' ' || line[strlen(line) - 1] == ' ' || strstr(line, "  ")) {
+    snprintf(why, len, "%s (fields are separated by one space)",
+             line[0] == ' ' ? "a blank at the start of the line"
+             : strstr(line, "  ") ? "two blanks in a row" : "a blank at the end of the line");
     return -1;
   }
   n = split(line, w, (int)(sizeof w / sizeof w[0]));
@@ -842,13 +975,51 @@ static bool end_in(struct dspkd *d, uint64_t id, uid_t *uid) {
   return true;
 }
 
-/* The outcome when there is no state file: nothing is registered in it. */
-static int no_file(const struct dspkd *d, uint64_t id, const char *dir, char *said,
+/* The outcome when there is no state file: nothing is registered in it;
+ * note (NULL: none) says why there can be none ("no directory DIR", "F is
+ * not a directory"). */
+static int no_file(const struct dspkd *d, uint64_t id, const char *note, char *said,
                    size_t len) {
   snprintf(said, len, "Slurm job %" PRIu64 ": no state file %s%s%s%s: nothing is registered "
-           "there", id, d->job_state, dir ? " (no directory " : "", dir ? dir : "",
-           dir ? ")" : "");
+           "there", id, d->job_state, note ? " (" : "", note ? note : "", note ? ")" : "");
   return DSPKD_EXIT_NOFILE;
+}
+
+/* Whether there can be no state file at path because its directory is
+ * missing (/run/dspk on a node just rebooted) or a file is where a
+ * directory of its path should be: then why in note.  A directory that
+ * cannot be looked at for another reason (EACCES) is not known to be
+ * missing: false. */
+static bool no_dir(const char *path, char *note, size_t len) {
+  char dir[sizeof((struct dspkd *)0)->job_state], up[sizeof dir];
+  struct stat st;
+
+  dir_of(path, dir, sizeof dir);
+  if (stat(dir, &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      return false;
+    snprintf(note, len, "%s is not a directory", dir);
+    return true;
+  }
+  if (errno == ENOENT) {
+    snprintf(note, len, "no directory %s", dir);
+    return true;
+  }
+  if (errno != ENOTDIR)
+    return false;
+  /* A file on the way: the nearest ancestor that exists is it. */
+  snprintf(up, sizeof up, "%s", dir);
+  while (strcmp(up, "/") != 0 && strcmp(up, ".") != 0) {
+    char parent[sizeof dir];
+    dir_of(up, parent, sizeof parent);
+    snprintf(up, sizeof up, "%s", parent);
+    if (stat(up, &st) == 0 && !S_ISDIR(st.st_mode)) {
+      snprintf(note, len, "%s is not a directory", up);
+      return true;
+    }
+  }
+  snprintf(note, len, "a file is on the path of %s", dir);
+  return true;
 }
 
 /* The state file is refused for why (the words of the start's refusal):
@@ -911,6 +1082,7 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   uid_t owner = geteuid();
   gid_t group = getegid();
   char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
+  char note[sizeof d->job_state + 32];
   bool exists;
   int fd, r;
   mode_t mode;
@@ -919,13 +1091,18 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
     dspkd_error("--end-job %" PRIu64 ": no state file to end it in", id);
     return 2;
   }
-  /* No directory (/run/dspk on a node just rebooted): no file, so no job a
-   * start would register again, as when the file alone is missing. */
+  /* No directory (/run/dspk on a node just rebooted), or a file where a
+   * directory should be (the socket's path under a file): no file can be
+   * there, so no job a start would register again, as when the file alone
+   * is missing (exit 4, never the start's "cannot be written"). */
+  if (no_dir(d->job_state, note, sizeof note))
+    return no_file(d, id, note, said, len);
   dir_of(d->job_state, dir, sizeof dir);
-  if (stat(dir, &st) != 0 && errno == ENOENT)
-    return no_file(d, id, dir, said, len);
-  if (check_dir(d->job_state) != 0)
+  if (stat(dir, &st) != 0) {
+    dspkd_error("--end-job %" PRIu64 ": cannot tell whether the state file %s exists: its "
+                "directory %s: %s", id, d->job_state, dir, strerror(errno));
     return 2;
+  }
   /* What is at the path (lstat, as the start's read looks first): nothing
    * (no file, exit 4), a regular file, or something the start refuses (a
    * symbolic link, dangling or not, a directory, a FIFO, a socket, a
@@ -957,6 +1134,11 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   if (fd < 0) {
     dspkd_error("--end-job %" PRIu64 ": cannot lock %s.lock: %s", id, d->job_state, why);
     return 1;
+  }
+  if (note_lock(d, fd) != 0 || held_by_other(d->job_state)) {
+    r = refuse(d, id, d->job_lock_held ? HELD_WHY : strerror(errno));
+    close(fd);
+    return r;
   }
   r = end_locked(d, id, owner, said, len);
   dspkd_jobs_free(d);

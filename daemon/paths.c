@@ -80,15 +80,50 @@ static int default_socket(char *out, size_t len) {
   return n >= 0 && (size_t)n < len ? 0 : -1;
 }
 
-/* The state file's default for a daemon on socket: the
- * socket's path with its ".sock" suffix (if any) replaced by ".jobs"; for
- * an activated socket without a path, dspkd.jobs in $RUNTIME_DIRECTORY
+/* socket with the symbolic links of its last component followed (up to 40,
+ * as the kernel does; a relative target is the link's directory's), in
+ * out: the path of the socket itself, which a daemon never listens on
+ * through a link (its start refuses a socket path that is not a socket).
+ * A path that is not a link, or whose link cannot be read, stays as it is. */
+static void follow_last(const char *socket, char *out, size_t len) {
+  char cur[PATH_MAX], target[PATH_MAX];
+  struct stat st;
+
+  snprintf(cur, sizeof cur, "%s", socket);
+  for (int hops = 0; hops < 40 && lstat(cur, &st) == 0 && S_ISLNK(st.st_mode); hops++) {
+    ssize_t n = readlink(cur, target, sizeof target - 1);
+    const char *slash = strrchr(cur, '/');
+    char next[PATH_MAX];
+    int k;
+
+    if (n <= 0)
+      break;
+    target[n] = '\0';
+    if (target[0] == '/' || !slash)
+      k = snprintf(next, sizeof next, "%s", target);
+    else
+      k = snprintf(next, sizeof next, "%.*s/%s", (int)(slash - cur), cur, target);
+    if (k < 0 || (size_t)k >= sizeof next)
+      break;
+    memcpy(cur, next, (size_t)k + 1);
+  }
+  snprintf(out, len, "%s", cur);
+}
+
+/* The state file's default for a daemon on socket: the socket's path, the
+ * links of its last component followed (follow_last: a socket named
+ * through a link, as an epilog's DSPK_SOCKET may, is the daemon's socket
+ * the link leads to), with its ".sock" suffix (if any) replaced by ".jobs";
+ * for an activated socket without a path, dspkd.jobs in $RUNTIME_DIRECTORY
  * (systemd's RuntimeDirectory=).  0, or -1 when neither is known. */
-static int default_job_state(const char *socket, bool has_path, char *out, size_t len) {
+static int default_job_state(const char *given, bool has_path, char *out, size_t len) {
   const char *rt = getenv("RUNTIME_DIRECTORY");
-  size_t n = strlen(socket);
+  char socket[PATH_MAX];
+  size_t n;
   int k;
 
+  follow_last(given, socket, sizeof socket);
+  n = strlen(socket);
   if (has_path) {
     if (n > 5 && strcmp(socket + n - 5, ".sock") == 0)
       n -= 5;
@@ -173,11 +208,68 @@ static void from_start(char *p, size_t len) {
     snprintf(p, len, "%s", rel);
 }
 
+/* The checks of a state file's path js (absolute; name: the setting that
+ * named it, for the message) against the daemon's other files: the socket
+ * sock (NULL for none), the configuration file conf (NULL for none) and
+ * the cache (cache, "" for none), for the file, its temporary file and its
+ * lock file; and its name: one ending in ".lock" or ".tmp" is the name of
+ * another state file's lock or temporary file (PATH.lock, PATH.tmp), so
+ * that two daemons, or a daemon and itself, would share one file.  0, or -1
+ * with the one line that says why in why. */
+static int check_paths(const char *js, const char *sock, const char *conf,
+                       const char *cache, const char *name, char *why, size_t len) {
+  char what[PATH_MAX + 16], tmp[PATH_MAX + 8], lock[PATH_MAX + 8];
+  const char *is, *base = strrchr(js, '/') ? strrchr(js, '/') + 1 : js;
+  size_t n = strlen(base);
+
+  snprintf(tmp, sizeof tmp, "%s.tmp", js);
+  snprintf(lock, sizeof lock, "%s.lock", js);
+  if ((is = collides(js, sock, conf, cache, what, sizeof what)) != NULL) {
+    snprintf(why, len, "%s %s is %s (%s): the Slurm jobs' state file would replace it at "
+             "the first job.register; give it a path of its own", name, js, is, what);
+    return -1;
+  }
+  if ((is = collides(tmp, sock, conf, cache, what, sizeof what)) != NULL) {
+    snprintf(why, len, "%s %s: its temporary file %s is %s (%s), which each job.register "
+             "would remove; give the state file another path", name, js, tmp, is, what);
+    return -1;
+  }
+  /* Checked before the lock is taken (dspkd_jobstate_start creates it):
+   * a lock file made at the socket's path made the bind fail ("exists and
+   * is not a socket") and stayed, failing every later start; the cache
+   * would double as the lock file. */
+  if ((is = collides(lock, sock, conf, cache, what, sizeof what)) != NULL) {
+    snprintf(why, len, "%s %s: its lock file %s is %s (%s), which dspkd would create and "
+             "hold while it runs; give the state file another path", name, js, lock, is,
+             what);
+    return -1;
+  }
+  /* A state file at another one's PATH.lock renamed a new file over the
+   * lock that daemon holds (its flock then on a removed file, and dspkd
+   * --end-job free to change its state file under it); one at its
+   * PATH.tmp is removed by its next write; and a daemon on PATH whose
+   * PATH.lock is another daemon's state file locks that file, which the
+   * other's next write replaces.  By name, whether the other file exists
+   * yet or not. */
+  for (int i = 0; i < 2; i++) {
+    const char *sfx = i ? ".tmp" : ".lock";
+    size_t k = strlen(sfx);
+    if (n > k && strcmp(base + n - k, sfx) == 0) {
+      snprintf(why, len, "%s %s ends in %s, the name of the %s file of another state file "
+               "(%.*s, whose daemon %s); give the state file a name that does not end in "
+               ".lock or .tmp", name, js, sfx, i ? "temporary" : "lock", (int)(strlen(js) - k),
+               js, i ? "removes it at each write" : "holds an flock(2) on it while it runs");
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   bool has_path = !activated || cfg->socket_path[0] != '(';
-  char name[PATH_MAX + 64], what[PATH_MAX + 16], tmp[PATH_MAX + 8], lock[PATH_MAX + 8];
+  char name[PATH_MAX + 64], why[3 * PATH_MAX + 512];
   char dflt[PATH_MAX];
-  const char *is, *conf = dspkd_config_file(), *sock = has_path ? cfg->socket_path : NULL;
+  const char *conf = dspkd_config_file(), *sock = has_path ? cfg->socket_path : NULL;
 
   run.activated = activated;
   if (!getcwd(run.start, sizeof run.start))
@@ -211,58 +303,76 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
    * against. */
   if (sock && !sock[0])
     sock = default_socket(dflt, sizeof dflt) == 0 ? dflt : NULL;
-  snprintf(tmp, sizeof tmp, "%s.tmp", run.job_state);
-  snprintf(lock, sizeof lock, "%s.lock", run.job_state);
-  if ((is = collides(run.job_state, sock, conf, run.cache, what, sizeof what)) != NULL) {
-    dspkd_error("%s %s is %s (%s): the Slurm jobs' state file would replace it at the "
-                "first job.register; give it a path of its own", name, run.job_state, is,
-                what);
-    return -1;
-  }
-  if ((is = collides(tmp, sock, conf, run.cache, what, sizeof what)) != NULL) {
-    dspkd_error("%s %s: its temporary file %s is %s (%s), which each job.register would "
-                "remove; give the state file another path", name, run.job_state, tmp, is,
-                what);
-    return -1;
-  }
-  /* Checked before the lock is taken (dspkd_jobstate_start creates it):
-   * a lock file made at the socket's path made the bind fail ("exists and
-   * is not a socket") and stayed, failing every later start; the cache
-   * would double as the lock file. */
-  if ((is = collides(lock, sock, conf, run.cache, what, sizeof what)) != NULL) {
-    dspkd_error("%s %s: its lock file %s is %s (%s), which dspkd would create and hold "
-                "while it runs; give the state file another path", name, run.job_state,
-                lock, is, what);
+  if (check_paths(run.job_state, sock, conf, run.cache, name, why, sizeof why) != 0) {
+    dspkd_error("%s", why);
     return -1;
   }
   return 0;
 }
 
+/* The socket a reloaded file nw gives the daemon (socket_fixed: the
+ * command line's), in sock: the running one under socket activation or
+ * when the command line set it, else the file's, else the default one.
+ * 0, or -1 when the default cannot be told. */
+static int reload_socket(const struct dspkd_config *nw, bool socket_fixed, char *sock,
+                         size_t len) {
+  if (run.activated || socket_fixed || !nw->socket_path[0]) {
+    if (!run.activated && !socket_fixed && !nw->socket_path[0])
+      return default_socket(sock, len);
+    snprintf(sock, len, "%s", run.socket);
+    return 0;
+  }
+  snprintf(sock, len, "%s", nw->socket_path);
+  from_start(sock, len);
+  return 0;
+}
+
+/* The state file a reloaded file nw names (its default for the socket
+ * sock when unset), absolute, in jobs.  0, or -1 when none can be told. */
+static int reload_job_state(const struct dspkd_config *nw, const char *sock, char *jobs,
+                            size_t len) {
+  bool has_path = !run.activated || run.socket[0] != '(';
+  if (nw->job_state) {
+    snprintf(jobs, len, "%s", nw->job_state);
+    from_start(jobs, len);
+    return 0;
+  }
+  return default_job_state(sock, has_path, jobs, len);
+}
+
+int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
+                             bool job_state_fixed, bool cache_fixed, char *why, size_t len) {
+  char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX], name[PATH_MAX + 64];
+  bool has_path = !run.activated || run.socket[0] != '(';
+
+  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
+    return 0; /* no socket, no default state file: said as a change */
+  if (job_state_fixed)
+    snprintf(jobs, sizeof jobs, "%s", run.job_state);
+  else if (reload_job_state(nw, sock, jobs, sizeof jobs) != 0)
+    return 0;
+  if (cache_fixed)
+    snprintf(cache, sizeof cache, "%s", run.cache);
+  else if (cache_file(nw, cache, sizeof cache) != 0)
+    cache[0] = '\0';
+  from_start(cache, sizeof cache);
+  dspkd_config_name("job_state", name, sizeof name);
+  return check_paths(jobs, has_path ? sock : NULL, dspkd_config_file(), cache, name, why,
+                     len);
+}
+
 int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
                                const struct dspkd_config *nw, bool socket_fixed) {
   char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX];
-  bool has_path = !run.activated || run.socket[0] != '(';
 
   /* Under socket activation the socket is the one passed, whatever the
    * file says; a socket the command line set is not the file's either. */
-  if (run.activated || socket_fixed || !nw->socket_path[0]) {
-    if (!run.activated && !socket_fixed && !nw->socket_path[0]) {
-      if (default_socket(sock, sizeof sock) != 0)
-        return 1;
-    } else {
-      snprintf(sock, sizeof sock, "%s", run.socket);
-    }
-  } else {
-    snprintf(sock, sizeof sock, "%s", nw->socket_path);
-    from_start(sock, sizeof sock);
-  }
+  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
+    return 1;
   if (strcmp(key, "socket") == 0)
     return !dspkd_paths_same(sock, run.socket);
   if (strcmp(key, "job_state") == 0) {
-    if (nw->job_state) {
-      snprintf(jobs, sizeof jobs, "%s", nw->job_state);
-      from_start(jobs, sizeof jobs);
-    } else if (default_job_state(sock, has_path, jobs, sizeof jobs) != 0)
+    if (reload_job_state(nw, sock, jobs, sizeof jobs) != 0)
       return 1;
     return !dspkd_paths_same(jobs, run.job_state);
   }

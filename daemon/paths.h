@@ -32,7 +32,8 @@ const char *dspkd_paths_cache_dir_file(void);
  * job_state nor $RUNTIME_DIRECTORY names one), or it is the socket, the
  * configuration file (dspkd_config_file), the cache, one of the cache's
  * -wal, -shm and -journal, or its temporary file (PATH.tmp) or its lock
- * file (PATH.lock) is one of those.  An empty cfg->socket_path (dspkd
+ * file (PATH.lock) is one of those, or its name ends in ".lock" or ".tmp"
+ * (another state file's lock or temporary file).  An empty cfg->socket_path (dspkd
  * --end-job with job_state set: no socket needed) is checked as the
  * default socket, when one can be told.
  */
@@ -50,6 +51,18 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated);
  */
 int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
                                const struct dspkd_config *nw, bool socket_fixed);
+
+/*
+ * At a reload, before anything of the file nw is applied: the checks
+ * dspkd_paths_start makes of the state file nw would give the next start
+ * (its job_state, else the default of the socket it gives) against the
+ * socket, the configuration file and the cache nw gives.  A key the command
+ * line set (socket_fixed; job_state_fixed; cache_fixed: cache or no_cache)
+ * is the running one, not the file's.  0, or -1 with the line the start
+ * would log in why (the reload then keeps the running configuration).
+ */
+int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
+                             bool job_state_fixed, bool cache_fixed, char *why, size_t len);
 
 /* 1 when a and b name the same file: the same inode where both exist,
  * else the same path once their directories are resolved. */

@@ -26,6 +26,24 @@ need() {
 }
 job=
 need SLURM_JOB_ID
+# A job id as dspkd --end-job, dspk-submit and the state file have it:
+# decimal digits from 1 to 18446744073709551615 (2^64-1), without a leading
+# zero or blanks (05 is no id, not job 5).  Checked before anything else,
+# so that a bad one is exit 2 with one line, whether a daemon listens or
+# not (the epilog without one would take --end-job's refusal of it for a
+# job it could not end).
+case $SLURM_JOB_ID in
+  *[!0-9]* | 0*) idok= ;;
+  *) idok=$(awk -v a="$SLURM_JOB_ID" 'BEGIN {
+       n = length(a)
+       print (n < 20 || (n == 20 && (a "") <= "18446744073709551615")) ? "y" : ""
+     }') ;;
+esac
+if [ -z "$idok" ]; then
+  echo "dspk $what: SLURM_JOB_ID is '$SLURM_JOB_ID': expected a Slurm job id (decimal" \
+    "digits from 1 to 18446744073709551615, without a leading zero)" >&2
+  exit 2
+fi
 job=$SLURM_JOB_ID
 # The timeout is whole seconds from 1 (unset or empty: 120); anything else
 # would be timeout(1)'s (0: none at all, 1.5, 2m): exit 2, with one line.

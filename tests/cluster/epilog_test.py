@@ -63,18 +63,30 @@ def run(a, tmp):
           "dspk epilog: job 77: no dspkd listens on %s (no socket file); dspkd --end-job: "
           "Slurm job 77: no state file %s/j (no directory %s): nothing is registered there%s"
           % (none, no, no, hint), "no socket, no state file's directory: %r" % (p,))
-    # Without a dspkd to run, or when it fails (a file where the state file's
-    # directory should be): exit 1, one line says what to do.
+    # A file where the state file's directory should be: no state file can be there,
+    # so nothing is registered there (exit 0, the same line as for no directory).
     afile = os.path.join(tmp, "afile")
     open(afile, "w").close()
+    p = script(epilog, a.submit, none, DSPK_DSPKD_OPTIONS="--config= --job-state " + afile + "/j")
+    check(p.returncode == 0 and p.stdout == "" and p.stderr ==
+          "dspk epilog: job 77: no dspkd listens on %s (no socket file); dspkd --end-job: "
+          "Slurm job 77: no state file %s/j (%s is not a directory): nothing is registered "
+          "there%s" % (none, afile, afile, hint), "no socket, a file on the state file's "
+          "path: %r" % (p,))
+    # Without a dspkd to run, or when it fails (a relative job_state in the file): exit 1,
+    # one line says what to do.
+    rel = os.path.join(tmp, "rel.conf")
+    with open(rel, "w") as f:
+        f.write("[daemon]\njob_state = rel.jobs\n")
     for env, why in (({"DSPK_DSPKD": os.path.join(tmp, "nodspkd")}, "named by DSPK_DSPKD"),
-                     ({"DSPK_DSPKD_OPTIONS": "--job-state " + os.path.join(afile, "j")},
+                     ({"DSPK_DSPKD_OPTIONS": "--config " + rel},
                       "could not end the job in its state file (exit 2")):
         p = script(epilog, a.submit, none, **env)
         check(p.returncode == 1 and p.stdout == "" and why in p.stderr and
               p.stderr.splitlines()[-1].startswith(
                   "dspk epilog: job 77: no dspkd listens on %s (no socket file), and " % none)
-              and "dspkd --end-job 77" in p.stderr, "no socket, %s: %r" % (why, p))
+              and "dspkd --socket %s --end-job 77" % none in p.stderr,
+              "no socket, %s: %r" % (why, p))
     p = script(prolog, a.submit, none)
     check(p.returncode == 1 and "ECONNECT" in p.stderr, "prolog without a socket: %r" % (p,))
 

@@ -6,13 +6,17 @@ filtered, ENODEV for the others, buffers included, "any" among the allowed), per
 memory quota, the job in status, metrics and traces, nothing of a job left after
 job.end, and registrations that outlive a restart (the state file, refused when unsafe
 or corrupt, EIO when it cannot be written; restart()), an epilog that runs while no
-dspkd listens (dspkd --end-job, the state file's lock; down()), where the state file is
-(paths()), and a daemon under a /proc that hides other users' processes (hidden(): printed
-as skipped where it cannot run; exit 77 when it is the case asked for).  The excluded
+dspkd listens (dspkd --end-job, the state file's lock; down(); on the socket it was given,
+through a link too: epilog_socket()), where the state file is (paths()), what keeps the lock
+from another daemon's files and what a reload refuses (lock_guard(), reload_guard()), the
+cgroup line of Slurm's hierarchy alone (cgroup_case()), and a daemon under a /proc that hides
+other users' processes (hidden(): printed as skipped where it cannot run; exit 77 when it is
+the case asked for; so is cgroup without writable v1 freezer and pids hierarchies).  The excluded
 device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped) without
 one.
 
-    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG] [down|paths|hidden]
+    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG]
+        [down|paths|hidden|ending|cgroup]
 """
 import argparse
 import json
@@ -183,6 +187,7 @@ def run(exe, submit, epilog, tmp, case=None):
         if case == "down":
             d.stop()
             down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+            epilog_socket(exe, submit, epilog, os.path.join(tmp, "socket"))
             return 0
         if case == "hidden":
             d.stop()
@@ -191,10 +196,15 @@ def run(exe, submit, epilog, tmp, case=None):
             d.stop()
             daemon_check(Daemon(exe, tmp), ending_again)
             return 0
+        if case == "cgroup":
+            d.stop()
+            return 0 if cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu) else 77
         if case == "paths":
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
             collide(exe, os.path.join(tmp, "collide"))
+            lock_guard(exe, os.path.join(tmp, "lock"))
+            reload_guard(exe, os.path.join(tmp, "reload"))
             return 0
         cli(d, submit, gpu, cpu)
 
@@ -482,9 +492,13 @@ def run(exe, submit, epilog, tmp, case=None):
         d.proc.kill()
         raise
     down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+    epilog_socket(exe, submit, epilog, os.path.join(tmp, "socket"))
     paths(exe, submit, os.path.join(tmp, "paths"))
     collide(exe, os.path.join(tmp, "collide"))
+    lock_guard(exe, os.path.join(tmp, "lock"))
+    reload_guard(exe, os.path.join(tmp, "reload"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
+    cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu)
     return 0
 
 
@@ -590,6 +604,83 @@ def ending_stop(d):
     cj.expect_eof()
     rc = d.proc.wait(TIMEOUT)
     check(rc == 0, "dspkd exited with %s:\n%s" % (rc, d.logtext()))
+
+
+def cgroup_case(exe, tmp, gpu, cpu):
+    """The cgroup source reads the line of Slurm's hierarchy alone (docs/cluster.md): cgroup
+    v1's freezer (proctrack/cgroup), else v2's "0::".  A process that moves itself under a
+    job_<other> directory of another hierarchy (one systemd delegates to the user, pids
+    here, listed before freezer; or the unified one beside v1) is not taken for that job,
+    and a freezer path that names two jobs names none that is believed.  Needs writable
+    v1 freezer and pids hierarchies; False (skipped) without them."""
+    roots = {h: "/sys/fs/cgroup/" + h for h in ("freezer", "pids", "unified")}
+    base = "dspk-cg-test-%d" % os.getpid()
+    made = []
+    try:
+        for h, r in roots.items():
+            os.makedirs(os.path.join(r, base, "job_100", "job_101"))
+            made.append(h)
+            os.makedirs(os.path.join(r, base, "job_101"))
+    except OSError as e:
+        print("note: the cgroup case did not run (%s)" % e)
+        for h in made:
+            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+                try:
+                    os.rmdir(os.path.join(roots[h], base, sub))
+                except OSError:
+                    pass
+        return False
+    me = str(os.getpid())
+
+    def put(where):
+        for h, r in roots.items():
+            sub = where.get(h)
+            with open(os.path.join(r, base, sub, "cgroup.procs") if sub
+                      else os.path.join(r, "cgroup.procs"), "w") as f:
+                f.write(me)
+
+    def check_cases(d):
+        admin = d.client()
+        uid = os.getuid()
+        admin.call("job.register", {"job": 100, "uid": uid, "devices": []})
+        admin.call("job.register", {"job": 101, "uid": uid, "devices": [gpu["uuid"]]})
+        for where, want, name in (
+                ({"freezer": "job_100"}, [cpu["id"]], "freezer job_100"),
+                ({"freezer": "job_100", "pids": "job_101"}, [cpu["id"]],
+                 "freezer job_100, pids job_101 (listed first)"),
+                ({"pids": "job_101"}, "has 2 Slurm jobs", "pids job_101 alone"),
+                ({"unified": "job_101"}, "has 2 Slurm jobs", "the unified job_101 beside v1"),
+                ({"freezer": "job_100/job_101"}, "names two Slurm jobs",
+                 "freezer job_100/job_101")):
+            try:
+                put(where)
+                c = d.client()  # no claim; the uid has two jobs
+            finally:
+                put({})
+            got = ids(c) if isinstance(want, list) else err_of(c, "devices", {})
+            ok = got == want if isinstance(want, list) else (got[0] == "EPERM" and
+                                                             want in got[1])
+            check(ok, "cgroup %s: %r" % (name, got))
+            c.close()
+        # A claim does not beat a cgroup that names two jobs.
+        try:
+            put({"freezer": "job_100/job_101"})
+            c = d.client(job=101)
+        finally:
+            put({})
+        e = err_of(c, "devices", {})
+        check(e[0] == "EPERM" and "names two Slurm jobs" in e[1], "two jobs and a claim: %r"
+              % (e,))
+        c.close()
+    try:
+        os.mkdir(tmp)
+        daemon_check(Daemon(exe, tmp), check_cases)
+    finally:
+        put({})
+        for r in roots.values():
+            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+                os.rmdir(os.path.join(r, base, sub))
+    return True
 
 
 def job_ids(c):
@@ -777,6 +868,48 @@ def epilog_env(sock, job, **more):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DSPK_"))}
     e.update(DSPK_SOCKET=sock, SLURM_JOB_ID=str(job), SLURM_JOB_UID="0", **more)
     return e
+
+
+def epilog_socket(exe, submit, epilog, tmp):
+    """The epilog without a daemon ends the job in the file of the daemon whose socket
+    DSPK_SOCKET names (docs/cluster.md), whatever socket the configuration file of
+    DSPK_DSPKD_OPTIONS names (it gives --end-job --socket, which beats the file), and
+    through a symbolic link to the socket (the default state file is the one of the socket
+    the link leads to).  DSPK_DSPKD_OPTIONS with --socket: exit 2, one line."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "dspkd.conf")
+    other = os.path.join(tmp, "other.jobs")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nsocket = %s\n" % os.path.join(tmp, "other.sock"))
+    # The node's other daemon's file (stopped): never written by this epilog.
+    other_text = "dspkd-jobs 1\njob 42 %d\nend 1\n" % NOBODY
+    with open(other, "w") as f:
+        f.write(other_text)
+    os.chmod(other, 0o600)
+    extra = ["--config", conf, "--job-required"]
+    state = os.path.join(tmp, "dspkd.jobs")
+    os.symlink("dspkd.sock", os.path.join(tmp, "link.sock"))
+    env = dict(DSPK_SUBMIT=submit, DSPK_DSPKD=exe, DSPK_DSPKD_OPTIONS="--config " + conf)
+    for job, sock in ((9001, os.path.join(tmp, "dspkd.sock")),
+                      (9002, os.path.join(tmp, "link.sock"))):
+        d = Daemon(exe, tmp, extra)
+        daemon_check(d, lambda d: d.client().call("job.register",
+                                                  {"job": job, "uid": NOBODY, "devices": []}))
+        check("job %d %d" % (job, NOBODY) in open(state).read(), "job %d in %s" % (job, state))
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(sock, job, **env))
+        check(p.returncode == 0 and len(p.stderr.splitlines()) == 1 and
+              p.stderr.endswith("; dspkd --end-job: Slurm job %d (uid %d): ended in %s\n"
+                                % (job, NOBODY, state)) and
+              "job %d " % job not in open(state).read() and open(other).read() == other_text,
+              "the epilog on %s, the file naming another socket: %r" % (sock, p))
+    for opts in ("--socket " + os.path.join(tmp, "x.sock"), "--config=%s --sock=x" % conf):
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(os.path.join(tmp, "dspkd.sock"), 9003,
+                                          **dict(env, DSPK_DSPKD_OPTIONS=opts)))
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              "DSPK_DSPKD_OPTIONS names --so" in p.stderr, "--socket in the options: %r" % (p,))
 
 
 def down(exe, submit, epilog, tmp, gpu, cpu):
@@ -971,7 +1104,7 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
                                 timeout=TIMEOUT).stdout.split())
     for status in ("exit 0 (ended in the file", ", 4 (no state file", ", 3 when a running",
                    ", 1 when the file is refused", ", 2 for a bad ID",
-                   "path is not one (dspkd(8)) --ready-fd"):
+                   "its directory cannot be looked at (dspkd(8)) --ready-fd"):
         check(status in h, "--help's --end-job names %r: %s" % (status, h))
     # A job line with more UUIDs than a job may have GPUs is refused for that reason
     # (as the start refuses it); 64 are taken.
@@ -984,10 +1117,35 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
         p = end_job("--socket", sock, "--end-job", "5")
         check(p.returncode == rc and said in p.stderr + p.stdout,
               "a job of %d UUIDs: %r" % (n, p))
+    # What is wrong is said: the separator (one space), a UUID's length (at most 39 hex
+    # digits, a quote cut at 40 marked "..."), not "expected job, ended or end" nor "not
+    # a UUID (lower-case hex digits)".  The start reads with the same reader.
+    sep = " (fields are separated by one space)"
+    for text, said in (
+            ("job 5 1 \n", "line 2: a blank at the end of the line" + sep),
+            ("job  5 1\n", "line 2: two blanks in a row" + sep),
+            (" job 5 1\n", "line 2: a blank at the start of the line" + sep),
+            ("job\t5 1\n", "line 2: a tab at byte 4" + sep),
+            ("ended 5 1 \n", "line 2: a blank at the end of the line" + sep),
+            ("ended 5\t1\n", "line 2: a tab at byte 8" + sep),
+            ("job 5 1\r\n", "line 2: a control byte 0x0d at byte 8 (a carriage return"),
+            ("\n", "line 2: an empty line"),
+            ("job 5 1 %s\n" % ("0" * 39 + "1"),
+             "line 2: job 5: UUID \"%s\" has 40 hex digits, more than 39" % ("0" * 39 + "1")),
+            ("job 5 1 %s\n" % ("a" * 45),
+             "line 2: job 5: UUID \"%s...\" has 45 hex digits, more than 39" % ("a" * 40)),
+            ("job 5 1 %s\n" % ("g" * 45),
+             "line 2: job 5: \"%s...\" is not a UUID (lower-case hex digits)" % ("g" * 40))):
+        with open(state, "w") as f:
+            f.write("dspkd-jobs 1\n%send 1\n" % text)
+        os.chmod(state, 0o600)
+        p = end_job("--socket", sock, "--end-job", "5")
+        check(p.returncode == 1 and ("refusing the state file %s: %s" % (state, said))
+              in p.stderr, "state file line %r: %r" % (text, p))
     os.unlink(state)
     # No directory for it either (/run/dspk on a node just rebooted): nothing to end,
     # exit 4 as for no file (it exited 2); the epilog says so truthfully, exit 0 (no
-    # drain); a path through a file is still exit 2.
+    # drain); so is a path through a file (below).
     gone = os.path.join(tmp, "gone")
     p = end_job("--socket", os.path.join(gone, "dspkd.sock"), "--end-job", "32")
     check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state file "
@@ -1023,13 +1181,25 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
         "job 35" not in open(elsewhere).read(), "state file named: %r" % (p,))
     for f in (elsewhere, elsewhere + ".lock", os.path.join(tmp, "dspkd.log")):
         os.unlink(f)
+    # A file where the state file's directory should be (the socket's path under a
+    # file): no state file can be there, exit 4 as for no directory (it was exit 2 with
+    # the start's "cannot be written ... (set job_state)"), deeper too.
     afile = os.path.join(tmp, "afile")
     open(afile, "w").close()
-    p = end_job("--job-state", os.path.join(afile, "x.jobs"), "--socket", sock,
-                "--end-job", "32")
+    for under in ("x.jobs", "sub/x.jobs"):
+        state_at = os.path.join(afile, under)
+        p = end_job("--job-state", state_at, "--socket", sock, "--end-job", "32")
+        check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state "
+              "file %s (%s is not a directory): nothing is registered there\n"
+              % (state_at, afile), "a state file's directory that is a file: %r" % (p,))
+    p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=epilog_env(os.path.join(afile, "s.sock"), 32, **env))
+    check(p.returncode == 0 and p.stderr.splitlines()[-1].endswith(
+        "dspkd --end-job: Slurm job 32: no state file %s/s.jobs (%s is not a directory): "
+        "nothing is registered there; if dspkd keeps its state elsewhere, DSPK_DSPKD_OPTIONS "
+        "must name it (--config FILE or --job-state FILE, as dspkd has them)" % (afile, afile))
+        and "stays registered" not in p.stderr, "the epilog, a socket under a file: %r" % (p,))
     os.unlink(afile)
-    check(p.returncode == 2 and "%s is not a directory" % afile in p.stderr,
-          "a state file's directory that is a file: %r" % (p,))
 
     # A daemon that holds the lock but does not listen yet (its start paused): the
     # epilog ends the job through it once it listens, trying once a second until its
@@ -1045,8 +1215,8 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
                            env=epilog_env(sock, 33, DSPK_EPILOG_TIMEOUT="1", **env))
         check(p.returncode == 1 and p.stdout == "" and "a running dspkd holds" in p.stderr and
               "could not end the job in its state file (exit 3" in p.stderr and
-              "dspkd --end-job 33" in p.stderr, "a daemon that holds the lock, silent: %r"
-              % (p,))
+              "dspkd --socket %s --end-job 33" % sock in p.stderr,
+              "a daemon that holds the lock, silent: %r" % (p,))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(TIMEOUT)
@@ -1162,6 +1332,112 @@ def paths(exe, submit, tmp):
     check(p.returncode == 1 and "cannot listen on %s/d.sock: directory %s: No such file" %
           (typo, typo) in p.stderr and len(p.stderr.splitlines()) == 1, "socket in a missing directory: %r"
           % (p,))
+
+
+def lock_guard(exe, tmp):
+    """The state file's lock cannot be defeated by another daemon's files (dspkd(8),
+    --job-state): a job_state whose name ends in .lock or .tmp (another state file's lock
+    or temporary file) is refused at start and by --end-job (exit 2, one line); so is, at
+    start, a file another process holds an flock on (exit 2; --end-job: exit 1); a lock
+    file that is not empty (another daemon's state file at worst) cannot be locked (exit
+    2; --end-job: exit 1); and a daemon whose lock file was replaced under it fails
+    job.register with EIO, the file unchanged, rather than write a file that --end-job or
+    another daemon may change meanwhile."""
+    import fcntl
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    state = os.path.join(tmp, "dspkd.jobs")
+    other = os.path.join(tmp, "other.sock")
+
+    def start(*args):
+        return subprocess.run(dspk_daemon.cmdline(exe, other, ["--config", ""] + list(args)),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    def end_job(*args):
+        return subprocess.run([exe, "--config", "", "--socket", other] + list(args),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    def running(d):
+        d.client().call("job.register", {"job": 101, "uid": NOBODY, "devices": []})
+        for name, sfx in ((state + ".lock", ".lock"), (state + ".tmp", ".tmp"),
+                          (os.path.join(tmp, "x.lock"), ".lock")):
+            for p in (start("--job-state", name),
+                      end_job("--job-state", name, "--end-job", "5")):
+                check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+                      ("--job-state %s ends in %s" % (name, sfx)) in p.stderr and
+                      not os.path.exists(other), "job_state %s: %r" % (name, p))
+        check(open(state + ".lock").read() == "" and job_ids(d.client()) == [101],
+              "the daemon's lock untouched")
+        # Any file another process holds an flock on is a lock file, not a state file.
+        held = os.path.join(tmp, "held")
+        with open(held, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            p = start("--job-state", held)
+            check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+                  "refusing the state file %s: another process holds an flock(2) on it" % held
+                  in p.stderr, "a locked job_state: %r" % (p,))
+            p = end_job("--job-state", held, "--end-job", "5")
+            check(p.returncode == 1 and "another process holds an flock(2) on it" in p.stderr
+                  and open(held).read() == "", "--end-job on a locked file: %r" % (p,))
+        # A lock file that is another daemon's state file (job_state v, whose v.lock is a
+        # state file): never taken for the lock.
+        v = os.path.join(tmp, "v")
+        with open(v + ".lock", "w") as f:
+            f.write("dspkd-jobs 1\nend 0\n")
+        os.chmod(v + ".lock", 0o600)
+        p = start("--job-state", v)
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              "cannot lock %s.lock: not empty (a dspkd state file" % v in p.stderr,
+              "a lock that is a state file: %r" % (p,))
+        p = end_job("--job-state", v, "--end-job", "5")
+        check(p.returncode == 1 and "cannot lock %s.lock: not empty" % v in p.stderr and
+              not os.path.exists(v), "--end-job, a lock that is a state file: %r" % (p,))
+        # The lock replaced under the running daemon: job.register fails with EIO, the file
+        # unchanged.
+        before = open(state).read()
+        with open(state + ".lock.new", "w") as f:
+            pass
+        os.chmod(state + ".lock.new", 0o600)
+        os.rename(state + ".lock.new", state + ".lock")
+        e = err_of(d.client(), "job.register", {"job": 102, "uid": NOBODY, "devices": []})
+        check(e[0] == "EIO" and "its lock file %s.lock is no longer the file dspkd locked"
+              % state in e[1] and open(state).read() == before,
+              "job.register after the lock was replaced: %r" % (e,))
+        check("no longer the file dspkd locked" in d.logtext(), "the log says so")
+    daemon_check(Daemon(exe, tmp, ["--config", ""]), running)
+
+
+def reload_guard(exe, tmp):
+    """A reload refuses a job_state the next start would refuse (dspk.conf(5)): the
+    configuration file itself, the socket, a name ending in .lock; the running
+    configuration stays, and the log names the reason."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "d.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\n")
+
+    def reloads(d):
+        for value, why in ((conf, "is the configuration file"), (d.sock, "is the socket"),
+                           (os.path.join(tmp, "j.lock"), "ends in .lock")):
+            with open(conf, "w") as f:
+                f.write("[daemon]\njob_state = %s\n" % value)
+            e = err_of(d.client(), "daemon.reload", {})
+            check(e[0] == "EINVAL" and why in e[1] and
+                  "keeping the running configuration" in e[1],
+                  "reload, job_state %s: %r" % (value, e))
+            log = d.logtext()
+            check(("reload: %s: job_state %s %s" % (conf, value, why)) in log and
+                  "takes effect at the next start" not in log and
+                  "configuration reloaded" not in log, "reload, job_state %s: the log:\n%s"
+                  % (value, log[-3000:]))
+        # A good one is still taken (said as a change for the next start).
+        with open(conf, "w") as f:
+            f.write("[daemon]\njob_state = %s\n" % os.path.join(tmp, "next.jobs"))
+        d.client().call("daemon.reload", {})
+        check("job_state changed; it takes effect at the next start" in d.logtext(),
+              "a good job_state at a reload")
+    daemon_check(Daemon(exe, tmp, ["--config", conf]), reloads)
 
 
 def collide(exe, tmp):
@@ -1385,7 +1661,7 @@ def main():
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
-    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending"],
+    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending", "cgroup"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:

@@ -7,14 +7,15 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   (Prolog=/etc/slurm/prolog.d/*: absolute, relative and chained links); a copy of a script
   elsewhere finds none and says so (exit 127), as does a DSPK_SUBMIT that is no executable
   file (the message names the variable); the epilog without a daemon runs that tree's
-  dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS and
-  --end-job, or DSPK_DSPKD's;
+  dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS,
+  --socket SOCKET and --end-job, or DSPK_DSPKD's;
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
   a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
   naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
   both (exit 1); a copy's messages name the tree's paths without "..";
-- SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty: exit 2 with the scripts'
-  own line;
+- SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty, or a SLURM_JOB_ID that
+  is no job id (abc, 0, 05, " 5", 2^64): exit 2 with the scripts' own line, before
+  dspk-submit or dspkd runs;
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
   120); 0, fractions, suffixes, signs and values over 999999999 are refused with one line
   (exit 2) before dspk-submit runs.
@@ -93,7 +94,8 @@ def links(a, sdir, tmp, sock, fake):
         check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
               "the epilog through %s: %r" % (os.path.relpath(path, tmp), p))
     # No daemon (no socket file): the epilog through a link runs its tree's dspkd, with
-    # the socket and DSPK_DSPKD_OPTIONS' words before --end-job; DSPK_DSPKD names another.
+    # DSPK_DSPKD_OPTIONS' words, then --socket SOCKET, before --end-job; DSPK_DSPKD names
+    # another.
     none = os.path.join(tmp, "none.sock")
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none,
             DSPK_DSPKD_OPTIONS="--config /etc/x.conf  --job-state /var/lib/j*")
@@ -101,13 +103,14 @@ def links(a, sdir, tmp, sock, fake):
           "dspkd listens on %s (no socket file); dspkd --end-job: Slurm job 7 (uid 1000): "
           "ended in /x.jobs\n" % none and
           open(fake + ".args").read().splitlines() ==
-          [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--end-job", "7"],
+          [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--socket", none,
+           "--end-job", "7"],
           "the epilog without a daemon runs its tree's dspkd --end-job: %r" % (p,))
     other = os.path.join(tmp, "other-dspkd")
     shutil.copy2(fake, other)
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none, DSPK_DSPKD=other)
     check(p.returncode == 0 and open(other + ".args").read().splitlines() ==
-          [none, "--end-job", "7"], "DSPK_DSPKD: %r" % (p,))
+          [none, "--socket", none, "--end-job", "7"], "DSPK_DSPKD: %r" % (p,))
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none, DSPK_DSPKD=other + "-typo")
     check(p.returncode == 1 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
           "no executable dspkd at %s-typo (named by DSPK_DSPKD)" % other in p.stderr,
@@ -201,6 +204,21 @@ def variables(sdir, sock):
             check(p.returncode == 2 and p.stdout == "" and
                   p.stderr == "dspk %s: SLURM_JOB_ID is %s\n" % (s, said),
                   "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+    # A SLURM_JOB_ID that is no job id (dspkd --end-job's rule: digits, from 1 to 2^64-1,
+    # no leading zero, no blanks): exit 2 with one line before anything else, with a
+    # daemon (a socket) or without one (the epilog would run dspkd --end-job).
+    for s in ("prolog", "epilog"):
+        for val in ("abc", "0", "00", "05", " 5", "5 ", "+5", "-5", "1e3", "5\n",
+                    "18446744073709551616", "99999999999999999999", "184467440737095516150"):
+            for where in (sock, "/nonexistent"):
+                p = run(os.path.join(sdir, s), DSPK_SOCKET=where, SLURM_JOB_ID=val)
+                check(p.returncode == 2 and p.stdout == "" and
+                      p.stderr == "dspk %s: SLURM_JOB_ID is '%s': expected a Slurm job id "
+                      "(decimal digits from 1 to 18446744073709551615, without a leading "
+                      "zero)\n" % (s, val), "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+        p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, SLURM_JOB_ID="18446744073709551615")
+        check(p.returncode == 0 and "18446744073709551615" in p.stdout.splitlines(),
+              "%s, the largest job id: %r" % (s, p))
     for val, said in ((None, "not set"), ("", "empty")):
         p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, SLURM_JOB_UID=val)
         check(p.returncode == 2 and p.stdout == "" and
