@@ -759,6 +759,13 @@ static int parse_text(struct parsed *p, char *text, size_t n, char *why, size_t 
     snprintf(why, len, "a NUL byte");
     return -1;
   }
+  /* An empty file has no jobs, as an absent one (touch(1), a tmpfiles.d
+   * "f" line; the daemon never leaves one: it writes a temporary and
+   * renames it), and is replaced by the next write: it was "cut short
+   * after line 0", which failed every start closed and every --end-job
+   * (outside probe 14 E6). */
+  if (n == 0)
+    return 0;
   while (s < end && r == 0) {
     char *nl = memchr(s, '\n', (size_t)(end - s));
     if (!nl) {

@@ -1007,6 +1007,17 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
           "as ended\n" % state, "a job not registered: %r" % (p,))
     for f in (state, state + ".lock"):
         os.unlink(f)
+    # An empty state file (touch, a tmpfiles.d "f" line) has no jobs, as an absent one:
+    # --end-job records the job there as ended (it was "cut short after line 0", exit 1:
+    # the epilog failed and drained the node; outside probe 14 E6)
+    open(state, "w").close()
+    os.chmod(state, 0o600)
+    p = end_job("--socket", sock, "--end-job", "35")
+    check(p.returncode == 0 and p.stdout == "Slurm job 35: not registered in %s; recorded there "
+          "as ended\n" % state and open(state).read() == "dspkd-jobs 1\nended 35 -\nend 1\n",
+          "--end-job on an empty state file: %r %r" % (p, open(state).read()))
+    for f in (state, state + ".lock"):
+        os.unlink(f)
     # No state file: exit 4, its own status (the epilog tells it from "ended"), the
     # absolute path named on stdout, also with a log level that hides info.
     p = end_job("--socket", sock, "--log-level", "error", "--end-job", "32")
