@@ -1713,7 +1713,7 @@ SKIP = 77  # ctest SKIP_RETURN_CODE: no device for the suite on this machine
 
 
 
-def suite_kernel(cli, tmp):
+def suite_kernel(cli, tmp, dspkd):
     j = json.loads(cli.ok("devices", "--json"))
     if not any(d["id"] == "vulkan:0" for d in j["devices"]):
         print("kernel: no vulkan:0 device here, skipped")
@@ -1749,6 +1749,32 @@ def suite_kernel(cli, tmp):
     large = cli.fails(cuargs + ["zeros:f32:70000000"], "kernel", "ENOTSUP")
     check(small == large == 'dspk-submit: kernel: ENOTSUP: kernel: vulkan:0 takes lang %s, '
           'not "cuda"\n' % ", ".join(vlangs), "kernel cuda on vulkan:0: %r, %r" % (small, large))
+    # A vulkan:0 whose raw kernels are turned off, one outside the Slurm
+    # job's allocation, and one that does not exist: the daemon's words
+    # whatever the tensors' size (they were ELIMIT's advice to raise
+    # max_message, or "vulkan:0 runs no raw kernels"; probe 14 D1).
+    rk = Daemon(dspkd, tmp, "cpu,vulkan", name="rawoff",
+                extra=["--no-cache", "--max-message", "4096", "--raw-kernels", "none"])
+    try:
+        crk = Cli(cli.binary, rk.sock)
+        rargs = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1"]
+        for dev, env, code, want in (
+                ("vulkan:0", None, "ENOTSUP", "kernel: raw kernels are turned off on vulkan:0 "
+                 "(raw_kernels in the daemon's configuration)"),
+                ("vulkan:0", dict(os.environ, DSPK_JOB="50"), "ENODEV",
+                 "device vulkan:0 is not in the allocation of Slurm job 50"),
+                ("vulkan:1", None, "ENODEV", 'no device "vulkan:1" (the devices method lists '
+                 'them)')):
+            if env is not None:  # a job of this uid: its connections are the job's
+                crk.ok("job", "register", "--job", "50", "--uid", str(os.getuid()))
+            small = crk.fails(rargs + ["--device", dev, "zeros:f32:16"], "kernel", code, env=env)
+            large = crk.fails(rargs + ["--device", dev, "zeros:f32:1000"], "kernel", code,
+                              env=env)
+            check(small == large == "dspk-submit: kernel: %s: %s\n" % (code, want),
+                  "kernel --device %s: small %r, large %r" % (dev, small, large))
+        crk.ok("job", "end", "--job", "50")
+    finally:
+        rk.stop()
     n = 1000
     z = rng.uniform(-1, 1, n).astype("<f8")
     pz = os.path.join(tmp, "z.npy")
@@ -2064,13 +2090,20 @@ def suite_shell(cli, tmp, dspkd):
         with open(kc, "w") as f:
             f.write("void main(){}\n")
         kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
-        for dev, want in (([], "no device runs this task (kernel: cpu:0 runs no raw kernels)"),
-                          (["--device", "cpu:0"], "kernel: cpu:0 runs no raw kernels"),
-                          (["--device", "any"], "no device runs this task (kernel: cpu:0 runs "
-                                                "no raw kernels)")):
-            small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", "ENOTSUP")
-            large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", "ENOTSUP")
-            check(small == large == "dspk-submit: kernel: ENOTSUP: %s\n" % want,
+        # A device that does not exist: ENODEV in the daemon's words too, not
+        # the advice to raise max_message (probe 14 D1).
+        for dev, code, want in (
+                ([], "ENOTSUP", "no device runs this task (kernel: cpu:0 runs no raw kernels)"),
+                (["--device", "cpu:0"], "ENOTSUP", "kernel: cpu:0 runs no raw kernels"),
+                (["--device", "any"], "ENOTSUP", "no device runs this task (kernel: cpu:0 "
+                                                 "runs no raw kernels)"),
+                (["--device", "cpu:1"], "ENODEV", 'no device "cpu:1" (the devices method '
+                                                  'lists them)'),
+                (["--device", "vulkan:0"], "ENODEV", 'no device "vulkan:0" (the devices '
+                                                     'method lists them)')):
+            small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", code)
+            large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", code)
+            check(small == large == "dspk-submit: kernel: %s: %s\n" % (code, want),
                   "kernel %s: small %r, large %r" % (dev, small, large))
     finally:
         d3.stop()
@@ -3067,7 +3100,8 @@ def main():
                 else:
                     rc = {"info": suite_info, "ops": suite_ops,
                           "errors": suite_errors,
-                          "kernel": suite_kernel}[opt.suite](cli, tmp)
+                          "kernel": lambda c, t: suite_kernel(c, t, opt.daemon)
+                          }[opt.suite](cli, tmp)
                 d, daemon = daemon, None
                 d.stop()
         except Failure as e:
