@@ -2628,15 +2628,30 @@ def command_line_round6(cli, tmp):
                        (["--job", "7", "--uid", "4294967296"], "bad --uid '4294967296'"),
                        (["--job", "7", "--uid", " 5"], "bad --uid ' 5'"),
                        (["--job", "abc", "--uid", "5"], "bad --job 'abc' (want a Slurm job id"),
-                       (["--job", "-5", "--uid", "5"], "bad --job '-5'")):
+                       (["--job", "-5", "--uid", "5"], "bad --job '-5'"),
+                       # a leading zero: job 43 here, no job for hello, DSPK_JOB and
+                       # dspkd --end-job (probe 14 D3)
+                       (["--job", "043", "--uid", "5"], "bad --job '043' (want a Slurm job "
+                        "id, a decimal number from 1 to 18446744073709551615 without "
+                        "leading zeros, signs or blanks)"),
+                       (["--job", "00", "--uid", "5"], "bad --job '00'"),
+                       (["--job", "0", "--uid", "5"], "bad --job '0'")):
         err = cli.fails(nosock + ["job", "register"] + args, "job", "EINVAL", rc_want=2,
                         sock=False, detail=want)
         check("is needed" not in err, "job %s: %r" % (args, err))
+    cli.fails(nosock + ["job", "end", "--job", "043"], "job", "EINVAL", rc_want=2, sock=False,
+              detail="bad --job '043' (want a Slurm job id")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False, env=env,
               detail="--job: a Slurm job id (default $SLURM_JOB_ID) is needed")
     cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False,
               env=dict(env, SLURM_JOB_ID="x1"), detail="bad $SLURM_JOB_ID 'x1'")
+    for bad in ("043", "0"):
+        for sub in (["end"], ["register", "--uid", "5"]):
+            cli.fails(nosock + ["job"] + sub, "job", "EINVAL", rc_want=2, sock=False,
+                      env=dict(env, SLURM_JOB_ID=bad),
+                      detail="bad $SLURM_JOB_ID '%s' (want a Slurm job id, a decimal number "
+                      "from 1 to" % bad)
     # Numbers: no leading blank, no '+', no hex, anywhere.
     for args in (["ping", "-c", " 2"], ["ping", "-c", "+2"], ["ping", "-c", "0x2"],
                  ["map", "scale", a, "--alpha", " 2"], ["map", "scale", a, "--alpha", "+2"],
