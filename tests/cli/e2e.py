@@ -2537,8 +2537,22 @@ def other_commands_options(cli):
             # subcommand '--kernels'" (round 13).
             (["cache", "--kernels", "clear"], "cache", "'--kernels' does not apply to cache "
              "before SUBCOMMAND (--kernels: an option of cache clear)"),
+            # Not "every command", which the refusal belies: the subcommands
+            # that take it (probe 14 D4).
             (["cache", "--json", "stats"], "cache", "'--json' does not apply to cache "
-             "before SUBCOMMAND (--json: an option of every command)"),
+             "before SUBCOMMAND (--json: an option of cache stats and cache clear)"),
+            (["job", "--json", "end"], "job", "'--json' does not apply to job "
+             "before SUBCOMMAND (--json: an option of job register and job end)"),
+            # An option given to help, which takes none, is named as for every
+            # command (it was "unknown command '--inverse'"; probe 14 D4).
+            (["help", "--inverse"], "help", "'--inverse' does not apply to help "
+             "(--inverse: an option of fft)"),
+            (["help", "-S", "x"], "help", "'-S' does not apply to help (-S: --socket, an "
+             "option of dspk-submit before COMMAND)"),
+            (["help", "--socket", "x"], "help", "'--socket' does not apply to help "
+             "(--socket: an option of dspk-submit before COMMAND)"),
+            (["help", "--version"], "help", "'--version' does not apply to help "
+             "(--version: an option of dspk-submit before COMMAND)"),
             (["job", "--job", "5", "end"], "job", "'--job' does not apply to job before "
              "SUBCOMMAND (--job: an option of job register and job end)"),
             (["job", "-o", "x", "end"], "job", "'-o' does not apply to job before "
@@ -2753,15 +2767,19 @@ def command_line_messages(cli, tmp):
     that is no socket or too long from $DSPK_SOCKET, kernel's SOURCE - on a
     terminal, a missing .npz: each said as it is (no daemon needed)."""
     top = cli.ok("--help", sock=False)
-    for argv in (["help", "--help"], ["help", "-h"]):
+    for argv in (["help", "--help"], ["help", "-h"], ["help", "--he"]):
         check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
     cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
               detail="help takes one COMMAND, got extra argument 'fft'")
-    # The word after help is judged first: -S is no command (it said that
-    # x was an extra argument; round 13).
-    for argv in (["help", "-S", "x"], ["help", "nosuch", "x"]):
-        cli.fails(argv, None, "EINVAL", rc_want=2, sock=False,
-                  detail="unknown command '%s'" % argv[1])
+    # The word after help is judged first: -S is an option given to help
+    # (it said that x was an extra argument, round 13, then that -S was an
+    # unknown command, probe 14 D4: command_line_round6 has the others).
+    cli.fails(["help", "nosuch", "x"], None, "EINVAL", rc_want=2, sock=False,
+              detail="unknown command 'nosuch'")
+    cli.fails(["help", "-S", "x"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="option '-S' does not apply to help")
+    cli.fails(["help", "--nosuch"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="unknown option '--nosuch'")
     cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="empty --socket path")
     d = os.path.join(tmp, "notsock")
