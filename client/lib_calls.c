@@ -771,10 +771,11 @@ static int check_task(dspk_client *c, const dspk_task *t) {
   if (t->op == DSPK_OP_KERNEL && t->kernel.nargs > DSPK_KERNEL_MAX_ARGS)
     return dspk__cerr(c, DSPK_EINVAL, "kernel.nargs: %u is more than %d", t->kernel.nargs,
                       DSPK_KERNEL_MAX_ARGS);
-  /* An unknown kind was packed as f64 from the union's bytes. */
+  /* An unknown kind was packed as f64 from the union's bytes.  Named as
+   * the protocol (and the daemon's messages about the same args) name it. */
   for (unsigned i = 0; t->op == DSPK_OP_KERNEL && i < t->kernel.nargs; i++)
     if ((unsigned)t->kernel.args[i].kind > DSPK_KARG_F64)
-      return dspk__cerr(c, DSPK_EINVAL, "kernel.args[%u]: unknown kind %d", i,
+      return dspk__cerr(c, DSPK_EINVAL, "options.args[%u]: unknown kind %d", i,
                         (int)t->kernel.args[i].kind);
   return 0;
 }
