@@ -23,8 +23,10 @@
  * A result the daemon wrote into a temporary is not copied out of it: the
  * temporary is lent to the dspk_result (its data points into the mapping)
  * until dspk_result_free, which gives it back for the next task (at most
- * SHM_LENT_MAX lent per client; beyond that results are copied, so a caller
- * who keeps many results does not pin as many daemon buffers).  A lease
+ * SHM_LENT_MAX lent per client; beyond that results cross the socket, or are
+ * copied out of a temporary where they cannot, so a caller who keeps many
+ * results does not pin as many daemon buffers; lent ones count toward
+ * SHM_IDLE_MAX, which bounds them once freed).  A lease
  * outlives dspk_close: the result's pages stay mapped until it is freed.
  * Leases are process-wide (dspk_result_free has no client), under lease_mu.
  */
@@ -142,12 +144,18 @@ static void leases_reclaim(dspk_client *c) {
   pthread_mutex_unlock(&lease_mu);
 }
 
-char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off, size_t n) {
+/* The temporaries lent to results not freed yet (those freed are idle
+ * again first). */
+static size_t shm_lent(dspk_client *c) {
   size_t lent = 0;
   leases_reclaim(c);
   for (size_t i = 0; i < c->nshm; i++)
     lent += c->shm[i].state == 4;
-  if (lent >= SHM_LENT_MAX || off != 0)
+  return lent;
+}
+
+char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off, size_t n) {
+  if (shm_lent(c) >= SHM_LENT_MAX || off != 0)
     return NULL;
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
@@ -656,6 +664,12 @@ int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait
   bool need = dspk__result_needs_shm(c, n);
   if (!need && (!c->shm_threshold || n < c->shm_threshold))
     return 0;
+  /* While SHM_LENT_MAX results hold temporaries, the next would be copied
+   * out of its temporary anyway (dspk__shm_lend): one that may cross the
+   * socket does, into memory of its own, and no temporary is made (nor
+   * held) for it. */
+  if (!need && shm_lent(c) >= SHM_LENT_MAX)
+    return 0;
   if ((rc = shm_temp(c, device, n, may_wait || need, n > dspk__result_inline_max(c),
                      &s)) != 1)
     return rc;
@@ -714,10 +728,12 @@ void dspk__shm_done(dspk_client *c, uint32_t ticket) {
 
 void dspk__shm_trim(dspk_client *c) {
   uint64_t keep[SHM_IDLE_MAX]; /* buffer ids of those kept */
-  size_t kept = 0, bytes = 0;
-  leases_reclaim(c);
-  /* The most recently used first, while they fit the bounds. */
-  while (kept < SHM_IDLE_MAX) {
+  size_t kept = 0, bytes = 0, lent = shm_lent(c);
+  /* The most recently used first, while they fit the bounds.  Those lent
+   * to results count toward SHM_IDLE_MAX: each is idle once its result is
+   * freed (no trim runs then), so that the idle ones are at most
+   * SHM_IDLE_MAX then too. */
+  while (kept + lent < SHM_IDLE_MAX) {
     struct dspk__shm *best = NULL;
     for (size_t i = 0; i < c->nshm; i++) {
       struct dspk__shm *s = &c->shm[i];

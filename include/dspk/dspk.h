@@ -523,7 +523,8 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * which dspk_wait lends to the result (still inline, no copy: out[0].data
  * points into the temporary's pages until dspk_result_free, which gives
  * them back for a later task; while 4 results of c hold temporaries, the
- * next is copied into memory of its own).  Either way the memory is the
+ * next comes into memory of its own: through the socket, no temporary made
+ * for it, or copied out of one where it could not cross the socket).  Either way the memory is the
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
@@ -544,7 +545,9 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * Temporaries are daemon buffers of the user's: they count toward
  * max_buffers and the memory quotas (max_user_memory... , protocol.md
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
- * dspk_wait_any, dspk_run) at most 6 idle ones are kept for later tasks, of
+ * dspk_wait_any, dspk_run) at most 6 idle ones are kept for later tasks,
+ * less one for each lent to a result then (idle once the result is freed:
+ * at most 6 idle, also after the results are freed), of
  * at most 256 MiB together and at most an eighth of the connection's memory
  * quota on cpu:0 (hello's cpu_memory_quota, protocol.md), the most recently
  * used, and the others freed; a result's temporary is the result's until

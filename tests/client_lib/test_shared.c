@@ -671,6 +671,9 @@ static void test_lent_result(void **state) {
     assert_non_null(temp_of(held[i].out[0].data, 4));
   assert_null(temp_of(held[4].out[0].data, 4));
   assert_int_equal(count_state(4), 4);
+  /* and no temporary was made for the fifth, which would not be lent (one
+   * was, then idle beside the four: probe 14 D5) */
+  assert_int_equal(count_state(2), 0);
   check_gemm(held[0].out[0].data, a, b, m, k, n);
   check_gemm(held[4].out[0].data, a, b, m, k, n);
   for (int i = 0; i < 5; i++)
@@ -873,6 +876,60 @@ static void test_idle_temps_quota(void **state) {
   quota_pid = 0;
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   unlink(sock);
+}
+
+/* The temporaries of c (not the caller's allocations), whatever their state. */
+static size_t temps_of(const dspk_client *c) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->nshm; i++)
+    n += c->shm[i].state != 0;
+  return n;
+}
+
+/* dspk.h: while 4 results hold temporaries the next is copied, and at most
+ * 6 idle ones are kept once an answer is consumed.  A map add of two
+ * operands through temporaries (threshold 1), 7 results held: a 5th result
+ * temporary was made (7 buffers), and after the results were freed 7 stayed
+ * idle (probe 14 D5).  With one operand, 6 (1 + 5). */
+static void test_temps_bound(void **state) {
+  enum { N = 1000, HELD = 7 };
+  float *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float));
+  int64_t shape[1] = {N};
+  dspk_tensor in[2];
+  dspk_result r[HELD];
+  dspk_client *c2;
+  (void)state;
+  for (int i = 0; i < N; i++)
+    a[i] = (float)i, b[i] = 1.0f;
+  dspk_tensor_inline(&in[0], DSPK_F32, 1, shape, a);
+  dspk_tensor_inline(&in[1], DSPK_F32, 1, shape, b);
+  for (unsigned nin = 2; nin >= 1; nin--) {
+    dspk_task t;
+    assert_int_equal(dspk_connect(sockpath, "test_temps_bound", &c2), 0);
+    dspk_set_shared_threshold(c2, 1);
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.device = "cpu:0";
+    t.map.fn = nin == 2 ? DSPK_MAP_ADD : DSPK_MAP_ABS;
+    t.ninputs = nin;
+    t.inputs = in;
+    for (int i = 0; i < HELD; i++) {
+      assert_int_equal(dspk_run(c2, &t, &r[i]), 0);
+      assert_true(temps_of(c2) <= nin + 4); /* its operands' and 4 results' */
+      for (int j = 0; j < N; j++)
+        if (((const float *)r[i].out[0].data)[j] != (nin == 2 ? a[j] + 1.0f : a[j]))
+          fail_msg("run %d, element %d", i, j);
+    }
+    assert_int_equal(count_state_of(c2, 4), 4);
+    for (int i = 0; i < HELD; i++)
+      dspk_result_free(&r[i]);
+    assert_int_equal(dspk_run(c2, &t, &r[0]), 0);
+    dspk_result_free(&r[0]);
+    assert_true(temps_of(c2) <= 6); /* all idle now: at most 6 */
+    assert_int_equal(dspk_ping(c2, NULL, 0), 0);
+    dspk_close(c2);
+  }
+  free(a);
+  free(b);
 }
 
 /* The client unmaps its side while its task runs, or exits with tasks in
@@ -1238,6 +1295,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_threshold_env),
       cmocka_unit_test(test_auto_result),
       cmocka_unit_test(test_lent_result),
+      cmocka_unit_test(test_temps_bound),
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
       cmocka_unit_test(test_import_after_big),
