@@ -1119,6 +1119,16 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     device = shdev;
   a.v[DSPK__RUN_INPUTS] = dspk__pv_pack(pack_inputs, &in);
   a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
+  /* What the task itself needs of the device's memory, for the temporaries'
+   * room under a quota (lib_shm.c, shm_temp). */
+  bound = t->nout_refs || t->op == DSPK_OP_KERNEL ? 0 : result_bound(t);
+  c->task_bytes = bound;
+  for (unsigned i = 0; i < t->ninputs; i++) {
+    const dspk_tensor *x = &t->inputs[i];
+    if (!x->is_ref && x->nbytes && !dspk__shm_holding(c, x->data, x->nbytes))
+      c->task_bytes = x->nbytes > UINT64_MAX - c->task_bytes ? UINT64_MAX
+                                                            : c->task_bytes + x->nbytes;
+  }
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
   /* Not for a raw kernel: its inline inputs come back inline. */
   for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS;
@@ -1137,6 +1147,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     rc = dspk__shm_operand(c, device, x->data, x->nbytes, dspk__dtype_size(x->dtype),
                            may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
+      c->task_bytes = 0;
       dspk__shm_sent(c, 0, false);
       return rc;
     }
@@ -1153,6 +1164,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
      * is the task's failure, before anything is sent. */
     rc = dspk__shm_result(c, device, bound, may_wait, &out.out_refs[0].buffer);
     if (rc < 0) {
+      c->task_bytes = 0;
       dspk__shm_sent(c, 0, false);
       return rc;
     }
@@ -1161,6 +1173,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
     }
   }
+  c->task_bytes = 0; /* other allocations than the task's count it not */
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__wbuf_files(c, &w);
@@ -1328,7 +1341,24 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   rc = submit(c, t, &ticket, true);
   if (rc != 0)
     return rc;
-  return dspk_wait(c, ticket, res);
+  size_t took = dspk__shm_of_task(c, ticket);
+  rc = dspk_wait(c, ticket, res);
+  /* Refused for a limit (a memory quota, max_buffers) while the library's
+   * own temporaries held memory, the task's or idle ones (whole 2 MiB
+   * units): a temporary is no failure of the task (dspk.h), so the idle
+   * ones are freed (the task's are idle now) and the task goes once more
+   * through the socket, as with threshold 0 (an operand or result that
+   * cannot cross it still takes one).  The python client's _run does the
+   * same. */
+  if (rc == DSPK_ELIMIT && (dspk__shm_drop_idle(c) || took) && !c->broken) {
+    size_t threshold = c->shm_threshold;
+    c->shm_threshold = 0;
+    rc = submit(c, t, &ticket, true);
+    c->shm_threshold = threshold;
+    if (rc == 0)
+      rc = dspk_wait(c, ticket, res);
+  }
+  return rc;
 }
 
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {

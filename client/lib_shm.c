@@ -521,6 +521,21 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
       }
     }
     want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
+    /* One that would pass, with the shared memory c holds there already
+     * and the task's own inline bytes (c->task_bytes, the operand's among
+     * them: an overestimate), what the connection's buffers on cpu:0 may
+     * hold (hello's cpu_memory_quota) would be refused, or leave the task
+     * no room (the daemon counts its inline operands and results too): the
+     * bytes cross the socket, as with threshold 0.  A temporary in whole
+     * 2 MiB units can pass a small quota that the bytes alone fit. */
+    if (!need && strcmp(device, "cpu:0") == 0) {
+      uint64_t held = 0, q = c->cpu_quota;
+      for (size_t i = 0; i < c->nshm; i++)
+        if (strcmp(c->shm[i].device, "cpu:0") == 0)
+          held += c->shm[i].size;
+      if (held > q || want > q - held || c->task_bytes > q - held - want)
+        return 0;
+    }
     if ((rc = shm_new(c, device, want, 2, &best)) != 0) {
       /* A temporary is the library's choice, not the caller's: one that
        * cannot be had (the daemon refuses it for max_buffers or a quota,
@@ -757,6 +772,13 @@ void dspk__shm_trim(dspk_client *c) {
     else
       i++;
   }
+}
+
+size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket) {
+  size_t n = 0;
+  for (size_t i = 0; ticket && i < c->nshm; i++)
+    n += c->shm[i].state == 1 && c->shm[i].ticket == ticket;
+  return n;
 }
 
 bool dspk__shm_drop_idle(dspk_client *c) {

@@ -562,6 +562,15 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * dspk_max_message - 1024 bytes) fails then, before anything is sent,
  * with the refusal's code and a dspk_last_error() that says a shared
  * temporary was refused.
+ * None is made (the bytes cross the socket) where it, whole 2 MiB units,
+ * would pass, with c's shared memory on cpu:0 and the task's own inline
+ * operands and result, what hello's cpu_memory_quota lets the connection
+ * hold on cpu:0.  And where the daemon refuses dspk_run's task with
+ * DSPK_ELIMIT (a quota that other connections of the user share, say)
+ * while temporaries held memory, the task's or c's idle ones, the idle ones
+ * are freed and the task is sent once more with its operands and result
+ * through the socket, as with threshold 0; its answer is dspk_run's.  A
+ * task of dspk_submit is not sent again: its dspk_wait returns the refusal.
  * A broken connection or a timeout (dspk_set_timeout) while one is made is
  * the call's failure as any other.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
