@@ -338,6 +338,10 @@ void dspk__shm_freed(dspk_client *c, uint64_t id);
 /* Frees every idle temporary (a refused allocation is then tried again):
  * whether there was any. */
 bool dspk__shm_drop_idle(dspk_client *c);
+/* Whether "any" can be nothing but cpu:0 (the daemon has no hardware
+ * device), where a temporary is made for a task on "any": learned once
+ * with a `devices` call (which waits), c->shm_any then. */
+bool dspk__shm_any_is_cpu(dspk_client *c);
 /* The temporaries ticket's task was sent with (in use by it). */
 size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket);
 /* dspk_close: unmaps everything (the daemon frees the buffers). */

@@ -482,18 +482,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
   if (strcmp(device, "any") == 0) {
     if (c->shm_any == 0 && !may_wait)
       return 0; /* dspk_devices would wait: inline until a dspk_run learns it */
-    if (c->shm_any == 0) {
-      dspk_device_list *l = NULL;
-      c->shm_any = 2;
-      if (dspk_devices(c, false, &l) == 0) {
-        bool hw = false;
-        for (size_t i = 0; i < l->ndevices; i++)
-          hw |= strcmp(l->devices[i].backend, "cpu") != 0 && !l->devices[i].software;
-        c->shm_any = hw ? 2 : 1;
-      }
-      dspk_device_list_free(l);
-    }
-    if (c->shm_any != 1)
+    if (!dspk__shm_any_is_cpu(c))
       return 0;
     device = "cpu:0";
   }
@@ -543,6 +532,10 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
        * socket, as dspk_submit sends them, where they fit one message.  A
        * broken connection or a timeout stays the call's failure. */
       if (c->broken || rc == DSPK_ETIMEDOUT)
+        return rc;
+      /* No such device (or not the Slurm job's): the task's own refusal,
+       * in the daemon's words, as the task.run would get it. */
+      if (rc == DSPK_ENODEV)
         return rc;
       if (!need)
         return 0;
@@ -772,6 +765,21 @@ void dspk__shm_trim(dspk_client *c) {
     else
       i++;
   }
+}
+
+bool dspk__shm_any_is_cpu(dspk_client *c) {
+  if (c->shm_any == 0) {
+    dspk_device_list *l = NULL;
+    c->shm_any = 2;
+    if (dspk_devices(c, false, &l) == 0) {
+      bool hw = false;
+      for (size_t i = 0; i < l->ndevices; i++)
+        hw |= strcmp(l->devices[i].backend, "cpu") != 0 && !l->devices[i].software;
+      c->shm_any = hw ? 2 : 1;
+    }
+    dspk_device_list_free(l);
+  }
+  return c->shm_any == 1;
 }
 
 size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket) {

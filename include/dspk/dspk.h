@@ -714,9 +714,15 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * (several operands sent inline, each below half of it and the shared
  * threshold; a long kernel source) is DSPK_ELIMIT before anything is sent,
  * with the remedy in dspk_last_error(): buffer references, dspk_shared_alloc,
- * and, where a temporary would be made for them, the shared threshold that
- * would carry the inline operands (at most the largest's size) when the
- * current one (0: off, or above it) does not.  A raw kernel's inline tensors go
+ * and, where a temporary would be made for them (for "any": the daemon has
+ * no hardware device, asked with a `devices` call where not known yet), the
+ * shared threshold that would carry the inline operands (at most the
+ * largest's size) when the current one (0: off, or above it) does not.
+ * Unless the task's device (not "any") does not exist or is not the Slurm
+ * job's: that is DSPK_ENODEV, in the daemon's words, as the task gets it
+ * with small operands, since no size would help (asked with a
+ * buffer.create that the daemon refuses whatever the device, making
+ * nothing); so is a temporary that the daemon refuses with DSPK_ENODEV.  A raw kernel's inline tensors go
  * inline both ways (not through shared memory): together at most
  * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
  * anything is sent otherwise), and in one request with the source; larger
