@@ -271,9 +271,10 @@ static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang) 
     dspk_device_list_free(l);
     return false;
   }
-  snprintf(id, sizeof id, "%s%s\"", idkey, any ? "" : device);
   if (any) /* every entry's id */
     snprintf(id, sizeof id, "%s", idkey);
+  else
+    snprintf(id, sizeof id, "%s%s\"", idkey, device);
   for (p = strstr(l->json, id); p != NULL && !runs; p = any ? strstr(p + 1, id) : NULL)
     runs = device_takes(p, lang);
   dspk_device_list_free(l);
