@@ -733,7 +733,9 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
  * Asynchronous use: dspk_submit() sends the request and returns at once
  * with a ticket (the request's msgid), never waiting for an answer (only,
  * like every call, for room to send: see dspk_set_shared_threshold for its
- * large operands); any number may be in flight.
+ * large operands; and where the request is too large to be sent at all,
+ * for what dspk_run's DSPK_ELIMIT says: whether its device exists, what
+ * "any" is, answers the daemon gives at once); any number may be in flight.
  * dspk_wait() blocks until that ticket's answer arrives (answers to other
  * tickets read meanwhile are kept for their own dspk_wait, each found in
  * constant time however many are kept) and consumes the
