@@ -771,10 +771,11 @@ static int check_task(dspk_client *c, const dspk_task *t) {
   if (t->op == DSPK_OP_KERNEL && t->kernel.nargs > DSPK_KERNEL_MAX_ARGS)
     return dspk__cerr(c, DSPK_EINVAL, "kernel.nargs: %u is more than %d", t->kernel.nargs,
                       DSPK_KERNEL_MAX_ARGS);
-  /* An unknown kind was packed as f64 from the union's bytes. */
+  /* An unknown kind was packed as f64 from the union's bytes.  Named as
+   * the protocol (and the daemon's messages about the same args) name it. */
   for (unsigned i = 0; t->op == DSPK_OP_KERNEL && i < t->kernel.nargs; i++)
     if ((unsigned)t->kernel.args[i].kind > DSPK_KARG_F64)
-      return dspk__cerr(c, DSPK_EINVAL, "kernel.args[%u]: unknown kind %d", i,
+      return dspk__cerr(c, DSPK_EINVAL, "options.args[%u]: unknown kind %d", i,
                         (int)t->kernel.args[i].kind);
   return 0;
 }
@@ -985,13 +986,48 @@ static size_t inline_bytes(const dspk_task *t, const bool *shm) {
   return n;
 }
 
+/* Whether the daemon would refuse a task on device for the device itself,
+ * where the task is too large to be sent and asking with it is no option:
+ * DSPK_ENODEV (no such device, or not the Slurm job's) with the daemon's own
+ * words in c->err, as the task with small operands gets them, rather than
+ * advice about its size that would not help; 0 otherwise (c->err kept), or
+ * a broken connection's or a timeout's code.  "any" is not asked about.
+ * Asked with a buffer.create of 2^64-1 bytes, which the daemon answers at
+ * once and refuses whatever the device: it resolves the device first, as
+ * for task.run (daemon/methods.c, resolve_device), then the size, so no
+ * buffer is made. */
+static int device_refused(dspk_client *c, const char *device) {
+  struct params a = {.m = DSPK__M_BUFFER_CREATE, .v =
+                     {[DSPK__BCREATE_DEVICE] = dspk__pv_str(device),
+                      [DSPK__BCREATE_SIZE] = dspk__pv_uint(UINT64_MAX)}};
+  struct dspk__resp r;
+  char keep[sizeof c->err];
+  int rc;
+  if (strcmp(device, "any") == 0)
+    return 0;
+  memcpy(keep, c->err, sizeof keep);
+  rc = call(c, &a, &r);
+  if (rc == 0) { /* a daemon that made it after all: given back */
+    (void)dspk_buffer_free(c, a.res[DSPK__R_BUF_BUFFER].v.u);
+    dspk__resp_free(&r);
+  }
+  if (rc == DSPK_ENODEV || c->broken || rc == DSPK_ETIMEDOUT)
+    return rc;
+  memcpy(c->err, keep, sizeof keep);
+  return 0;
+}
+
 /* A raw kernel returns its inline tensors inline, in one answer: more than
  * an answer may carry (max_message - 1024, protocol.md) is refused before
- * anything is sent, with what the caller can do about it (dspk.h). */
+ * anything is sent, with what the caller can do about it (dspk.h), unless
+ * its device would refuse it anyway (device_refused). */
 static int kernel_fits(dspk_client *c, const dspk_task *t) {
   size_t n = inline_bytes(t, NULL);
+  int rc;
   if (t->op != DSPK_OP_KERNEL || n <= dspk__result_inline_max(c))
     return 0;
+  if ((rc = device_refused(c, t->device ? t->device : "any")) != 0)
+    return rc;
   return dspk__cerr(c, DSPK_ELIMIT, "kernel: its inline tensors total %zu bytes and come "
                     "back inline, more than an answer of the daemon carries (its %zu-byte "
                     "max_message less %d); pass big tensors as buffer references (is_ref: "
@@ -1008,6 +1044,8 @@ static int kernel_fits(dspk_client *c, const dspk_task *t) {
  * one (0: off, or above their largest) does not. */
 static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
                        char *buf, size_t len) {
+  /* What "any" is decides whether a temporary is made for it: asked now
+   * where no task has asked yet (threshold 0 never does). */
   size_t big = 0;
   for (unsigned i = 0; i < t->ninputs && i < DSPK_SHM_OPERANDS; i++) {
     const dspk_tensor *x = &t->inputs[i];
@@ -1017,7 +1055,7 @@ static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, c
   }
   if (big == 0 || (c->shm_threshold != 0 && c->shm_threshold <= big))
     snprintf(buf, len, "dspk_shared_alloc");
-  else if (strcmp(device, "any") == 0 && c->shm_any != 1)
+  else if (strcmp(device, "any") == 0 && !dspk__shm_any_is_cpu(c))
     snprintf(buf, len, "dspk_shared_alloc; a temporary, dspk_set_shared_threshold, is made "
              "for a task on \"any\" only when the daemon has no hardware device");
   else if (c->shm_threshold == 0)
@@ -1036,6 +1074,11 @@ static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, 
                         size_t total) {
   size_t inl = inline_bytes(t, shm);
   char src[64] = "", remedy[192];
+  int rc;
+  /* A device the daemon would refuse the task for is that refusal (ENODEV),
+   * as a small task gets it: no size advice helps then. */
+  if ((rc = device_refused(c, device)) != 0)
+    return rc;
   if (t->op == DSPK_OP_KERNEL)
     snprintf(src, sizeof src, " (a raw kernel's source of %zu bytes)", t->kernel.source_len);
   if (inl == 0 || total - inl >= c->send_max)
@@ -1118,6 +1161,16 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     device = shdev;
   a.v[DSPK__RUN_INPUTS] = dspk__pv_pack(pack_inputs, &in);
   a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
+  /* What the task itself needs of the device's memory, for the temporaries'
+   * room under a quota (lib_shm.c, shm_temp). */
+  bound = t->nout_refs || t->op == DSPK_OP_KERNEL ? 0 : result_bound(t);
+  c->task_bytes = bound;
+  for (unsigned i = 0; i < t->ninputs; i++) {
+    const dspk_tensor *x = &t->inputs[i];
+    if (!x->is_ref && x->nbytes && !dspk__shm_holding(c, x->data, x->nbytes))
+      c->task_bytes = x->nbytes > UINT64_MAX - c->task_bytes ? UINT64_MAX
+                                                            : c->task_bytes + x->nbytes;
+  }
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
   /* Not for a raw kernel: its inline inputs come back inline. */
   for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS;
@@ -1136,6 +1189,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     rc = dspk__shm_operand(c, device, x->data, x->nbytes, dspk__dtype_size(x->dtype),
                            may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
+      c->task_bytes = 0;
       dspk__shm_sent(c, 0, false);
       return rc;
     }
@@ -1152,6 +1206,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
      * is the task's failure, before anything is sent. */
     rc = dspk__shm_result(c, device, bound, may_wait, &out.out_refs[0].buffer);
     if (rc < 0) {
+      c->task_bytes = 0;
       dspk__shm_sent(c, 0, false);
       return rc;
     }
@@ -1160,6 +1215,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
     }
   }
+  c->task_bytes = 0; /* other allocations than the task's count it not */
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__wbuf_files(c, &w);
@@ -1327,7 +1383,24 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   rc = submit(c, t, &ticket, true);
   if (rc != 0)
     return rc;
-  return dspk_wait(c, ticket, res);
+  size_t took = dspk__shm_of_task(c, ticket);
+  rc = dspk_wait(c, ticket, res);
+  /* Refused for a limit (a memory quota, max_buffers) while the library's
+   * own temporaries held memory, the task's or idle ones (whole 2 MiB
+   * units): a temporary is no failure of the task (dspk.h), so the idle
+   * ones are freed (the task's are idle now) and the task goes once more
+   * through the socket, as with threshold 0 (an operand or result that
+   * cannot cross it still takes one).  The python client's _run does the
+   * same. */
+  if (rc == DSPK_ELIMIT && (dspk__shm_drop_idle(c) || took) && !c->broken) {
+    size_t threshold = c->shm_threshold;
+    c->shm_threshold = 0;
+    rc = submit(c, t, &ticket, true);
+    c->shm_threshold = threshold;
+    if (rc == 0)
+      rc = dspk_wait(c, ticket, res);
+  }
+  return rc;
 }
 
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {

@@ -1871,6 +1871,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
   c->lim.max_objects = (uint64_t)1 << 24; /* a trace's events, a status */
   c->send_max = (size_t)256 << 20; /* until hello says otherwise */
   c->shm_idle_bytes = SHM_IDLE_BYTES;
+  c->cpu_quota = UINT64_MAX;
   c->shm_threshold = DSPK_SHARED_THRESHOLD;
   {
     /* A size as every size dspk takes ("1M", "4096"); not one: ignored. */
@@ -1959,6 +1960,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     dspk__arg_u64(v[DSPK__R_HELLO_LIMITS].v.o, "cpu_memory_quota", &quota, NULL, 0);
     if (quota / 8 < c->shm_idle_bytes)
       c->shm_idle_bytes = (size_t)(quota / 8);
+    c->cpu_quota = quota;
     proto = v[DSPK__R_HELLO_PROTOCOL].v.u;
     if (proto != DSPK_PROTOCOL_VERSION) {
       snprintf(connect_err, sizeof connect_err,

@@ -158,6 +158,10 @@ struct dspk_client {
   size_t shm_threshold;     /* inline operands from this size go shared; 0: off */
   int shm_any;              /* "any" is cpu:0 (the daemon has no hardware device):
                                0 not known yet, 1 yes, 2 no */
+  uint64_t cpu_quota;       /* hello's cpu_memory_quota: what this connection's
+                               buffers on cpu:0 may hold (UINT64_MAX: none) */
+  uint64_t task_bytes;      /* while submit places a task's operands: their
+                               inline bytes and its result's (lib_shm.c) */
 };
 
 /* A decoded response: the frame and its unpacked envelope. */
@@ -334,6 +338,12 @@ void dspk__shm_freed(dspk_client *c, uint64_t id);
 /* Frees every idle temporary (a refused allocation is then tried again):
  * whether there was any. */
 bool dspk__shm_drop_idle(dspk_client *c);
+/* Whether "any" can be nothing but cpu:0 (the daemon has no hardware
+ * device), where a temporary is made for a task on "any": learned once
+ * with a `devices` call (which waits), c->shm_any then. */
+bool dspk__shm_any_is_cpu(dspk_client *c);
+/* The temporaries ticket's task was sent with (in use by it). */
+size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket);
 /* dspk_close: unmaps everything (the daemon frees the buffers). */
 void dspk__shm_close(dspk_client *c);
 

@@ -23,8 +23,10 @@
  * A result the daemon wrote into a temporary is not copied out of it: the
  * temporary is lent to the dspk_result (its data points into the mapping)
  * until dspk_result_free, which gives it back for the next task (at most
- * SHM_LENT_MAX lent per client; beyond that results are copied, so a caller
- * who keeps many results does not pin as many daemon buffers).  A lease
+ * SHM_LENT_MAX lent per client; beyond that results cross the socket, or are
+ * copied out of a temporary where they cannot, so a caller who keeps many
+ * results does not pin as many daemon buffers; lent ones count toward
+ * SHM_IDLE_MAX, which bounds them once freed).  A lease
  * outlives dspk_close: the result's pages stay mapped until it is freed.
  * Leases are process-wide (dspk_result_free has no client), under lease_mu.
  */
@@ -142,12 +144,18 @@ static void leases_reclaim(dspk_client *c) {
   pthread_mutex_unlock(&lease_mu);
 }
 
-char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off, size_t n) {
+/* The temporaries lent to results not freed yet (those freed are idle
+ * again first). */
+static size_t shm_lent(dspk_client *c) {
   size_t lent = 0;
   leases_reclaim(c);
   for (size_t i = 0; i < c->nshm; i++)
     lent += c->shm[i].state == 4;
-  if (lent >= SHM_LENT_MAX || off != 0)
+  return lent;
+}
+
+char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off, size_t n) {
+  if (shm_lent(c) >= SHM_LENT_MAX || off != 0)
     return NULL;
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
@@ -474,18 +482,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
   if (strcmp(device, "any") == 0) {
     if (c->shm_any == 0 && !may_wait)
       return 0; /* dspk_devices would wait: inline until a dspk_run learns it */
-    if (c->shm_any == 0) {
-      dspk_device_list *l = NULL;
-      c->shm_any = 2;
-      if (dspk_devices(c, false, &l) == 0) {
-        bool hw = false;
-        for (size_t i = 0; i < l->ndevices; i++)
-          hw |= strcmp(l->devices[i].backend, "cpu") != 0 && !l->devices[i].software;
-        c->shm_any = hw ? 2 : 1;
-      }
-      dspk_device_list_free(l);
-    }
-    if (c->shm_any != 1)
+    if (!dspk__shm_any_is_cpu(c))
       return 0;
     device = "cpu:0";
   }
@@ -513,6 +510,21 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
       }
     }
     want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
+    /* One that would pass, with the shared memory c holds there already
+     * and the task's own inline bytes (c->task_bytes, the operand's among
+     * them: an overestimate), what the connection's buffers on cpu:0 may
+     * hold (hello's cpu_memory_quota) would be refused, or leave the task
+     * no room (the daemon counts its inline operands and results too): the
+     * bytes cross the socket, as with threshold 0.  A temporary in whole
+     * 2 MiB units can pass a small quota that the bytes alone fit. */
+    if (!need && strcmp(device, "cpu:0") == 0) {
+      uint64_t held = 0, q = c->cpu_quota;
+      for (size_t i = 0; i < c->nshm; i++)
+        if (strcmp(c->shm[i].device, "cpu:0") == 0)
+          held += c->shm[i].size;
+      if (held > q || want > q - held || c->task_bytes > q - held - want)
+        return 0;
+    }
     if ((rc = shm_new(c, device, want, 2, &best)) != 0) {
       /* A temporary is the library's choice, not the caller's: one that
        * cannot be had (the daemon refuses it for max_buffers or a quota,
@@ -520,6 +532,10 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
        * socket, as dspk_submit sends them, where they fit one message.  A
        * broken connection or a timeout stays the call's failure. */
       if (c->broken || rc == DSPK_ETIMEDOUT)
+        return rc;
+      /* No such device (or not the Slurm job's): the task's own refusal,
+       * in the daemon's words, as the task.run would get it. */
+      if (rc == DSPK_ENODEV)
         return rc;
       if (!need)
         return 0;
@@ -656,6 +672,12 @@ int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait
   bool need = dspk__result_needs_shm(c, n);
   if (!need && (!c->shm_threshold || n < c->shm_threshold))
     return 0;
+  /* While SHM_LENT_MAX results hold temporaries, the next would be copied
+   * out of its temporary anyway (dspk__shm_lend): one that may cross the
+   * socket does, into memory of its own, and no temporary is made (nor
+   * held) for it. */
+  if (!need && shm_lent(c) >= SHM_LENT_MAX)
+    return 0;
   if ((rc = shm_temp(c, device, n, may_wait || need, n > dspk__result_inline_max(c),
                      &s)) != 1)
     return rc;
@@ -714,10 +736,12 @@ void dspk__shm_done(dspk_client *c, uint32_t ticket) {
 
 void dspk__shm_trim(dspk_client *c) {
   uint64_t keep[SHM_IDLE_MAX]; /* buffer ids of those kept */
-  size_t kept = 0, bytes = 0;
-  leases_reclaim(c);
-  /* The most recently used first, while they fit the bounds. */
-  while (kept < SHM_IDLE_MAX) {
+  size_t kept = 0, bytes = 0, lent = shm_lent(c);
+  /* The most recently used first, while they fit the bounds.  Those lent
+   * to results count toward SHM_IDLE_MAX: each is idle once its result is
+   * freed (no trim runs then), so that the idle ones are at most
+   * SHM_IDLE_MAX then too. */
+  while (kept + lent < SHM_IDLE_MAX) {
     struct dspk__shm *best = NULL;
     for (size_t i = 0; i < c->nshm; i++) {
       struct dspk__shm *s = &c->shm[i];
@@ -741,6 +765,28 @@ void dspk__shm_trim(dspk_client *c) {
     else
       i++;
   }
+}
+
+bool dspk__shm_any_is_cpu(dspk_client *c) {
+  if (c->shm_any == 0) {
+    dspk_device_list *l = NULL;
+    c->shm_any = 2;
+    if (dspk_devices(c, false, &l) == 0) {
+      bool hw = false;
+      for (size_t i = 0; i < l->ndevices; i++)
+        hw |= strcmp(l->devices[i].backend, "cpu") != 0 && !l->devices[i].software;
+      c->shm_any = hw ? 2 : 1;
+    }
+    dspk_device_list_free(l);
+  }
+  return c->shm_any == 1;
+}
+
+size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket) {
+  size_t n = 0;
+  for (size_t i = 0; ticket && i < c->nshm; i++)
+    n += c->shm[i].state == 1 && c->shm[i].ticket == ticket;
+  return n;
 }
 
 bool dspk__shm_drop_idle(dspk_client *c) {

@@ -14,10 +14,13 @@
 
 #define MAX_UUIDS 64
 
-/* A positive decimal job id or uid from an option or the environment. */
-static int parse_id(const char *s, unsigned long long max, unsigned long long *out) {
+/* A decimal job id or uid from an option or the environment, at most max.
+ * A job id (job true) is one as $SLURM_JOB_ID, $DSPK_JOB and the daemon's
+ * state file have it, and dspkd --end-job and hello take it: 1 or more
+ * without a leading zero ("043" would be job 43 here and no job there). */
+static int parse_id(const char *s, bool job, unsigned long long max, unsigned long long *out) {
   char *end;
-  if (!s || *s < '0' || *s > '9')
+  if (!s || *s < (job ? '1' : '0') || *s > '9')
     return -1;
   errno = 0;
   *out = strtoull(s, &end, 10);
@@ -102,13 +105,14 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
    * came from; "is needed" is for none at all. */
   if (!jobs || (!*jobs && !seen_job))
     return dspk__sub_usage(ctx, "--job: a Slurm job id (default $SLURM_JOB_ID) is needed");
-  if (parse_id(jobs, UINT64_MAX, &job) != 0 || job == 0)
-    return dspk__sub_usage(ctx, "bad %s '%s' (want a Slurm job id, 1..%llu)",
+  if (parse_id(jobs, true, UINT64_MAX, &job) != 0)
+    return dspk__sub_usage(ctx, "bad %s '%s' (want a Slurm job id, a decimal number from 1 "
+                           "to %llu without leading zeros, signs or blanks)",
                            seen_job ? "--job" : "$SLURM_JOB_ID", jobs,
                            (unsigned long long)UINT64_MAX);
   if (reg && (!uids || (!*uids && !seen_uid)))
     return dspk__sub_usage(ctx, "--uid: the job's uid (default $SLURM_JOB_UID) is needed");
-  if (reg && parse_id(uids, 0xfffffffeULL, &uid) != 0)
+  if (reg && parse_id(uids, false, 0xfffffffeULL, &uid) != 0)
     return dspk__sub_usage(ctx, "bad %s '%s' (want a uid, 0..4294967294)",
                            seen_uid ? "--uid" : "$SLURM_JOB_UID", uids);
   if (devs) {

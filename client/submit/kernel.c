@@ -234,99 +234,111 @@ static const struct option kernel_opts[] = {
 const dspk__sub_optset dspk__sub_kernel_optsets[] = {
     {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts}, {NULL, NULL, NULL}};
 
-/* Appends to why (of len bytes, at *at) the daemon's reason why the device
- * whose devices entry starts at p runs no raw kernel in lang, or nothing
- * when it runs one: "kernel: ID runs no raw kernels", "kernel: ID takes
- * lang glsl, spirv, not "cuda"" (backends/caps.c, whose words these are).
- * The entry's kernel_langs is the first after its id, and its strings hold
- * no quote (ids and language names).  true when it runs one. */
-static bool device_why(const char *p, const char *lang, char *why, size_t len, size_t *at) {
+/* Whether the device whose devices entry starts at p lists lang among its
+ * kernel_langs (the first after its id; its strings hold no quote: ids and
+ * language names).  true when that cannot be told: the daemon decides. */
+static bool device_takes(const char *p, const char *lang) {
   static const char key[] = "\"kernel_langs\":[";
-  const char *id = p + sizeof "\"id\":\"" - 1, *idend = strchr(id, '"');
   const char *k = strstr(p, key), *end = k ? strchr(k, ']') : NULL;
-  char have[96], want[32];
-  size_t h = 0;
-  int w;
-  if (idend == NULL || end == NULL)
-    return true; /* cannot be told: the daemon decides */
-  snprintf(want, sizeof want, "\"%s\"", lang);
-  have[0] = '\0';
+  size_t n = strlen(lang);
+  if (end == NULL)
+    return true;
   for (const char *q = k + sizeof key - 1; q < end && (q = strchr(q, '"')) != NULL && q < end;) {
     const char *qe = strchr(q + 1, '"');
     if (qe == NULL || qe > end)
       break;
-    if ((size_t)(qe + 1 - q) == strlen(want) && strncmp(q, want, strlen(want)) == 0)
+    if ((size_t)(qe - q - 1) == n && strncmp(q + 1, lang, n) == 0)
       return true;
-    w = snprintf(have + h, sizeof have - h, "%s%.*s", h ? ", " : "", (int)(qe - q - 1), q + 1);
-    if (w > 0)
-      h += (size_t)w < sizeof have - h ? (size_t)w : sizeof have - h - 1;
     q = qe + 1;
   }
-  if (*at + 1 >= len)
-    return false;
-  if (h == 0)
-    w = snprintf(why + *at, len - *at, "%skernel: %.*s runs no raw kernels", *at ? "; " : "",
-                 (int)(idend - id), id);
-  else
-    w = snprintf(why + *at, len - *at, "%skernel: %.*s takes lang %s, not \"%s\"",
-                 *at ? "; " : "", (int)(idend - id), id, have, lang);
-  if (w > 0)
-    *at += (size_t)w < len - *at ? (size_t)w : len - *at - 1;
   return false;
 }
 
-/* Whether the device (NULL or "any": one of the daemon's) runs raw kernels
- * in lang, from the kernel_langs of the devices answer (protocol.md).  When
- * it does not, the daemon's own ENOTSUP text for the task is written to why
- * (daemon/methods.c): "kernel: cpu:0 runs no raw kernels" for a device,
- * "no device runs this task (kernel: cpu:0 runs no raw kernels; ...)" for
- * any, each device's reason in the devices' order.  true when that cannot
- * be told (no answer, no such device, no device at all: the daemon's
- * ENODEV).  The JSON's strings hold no unescaped quote: a key or an id is
+/* Whether the devices answer says that the device (NULL or "any": one of
+ * the daemon's) runs raw kernels in lang (its kernel_langs, protocol.md).
+ * false when it cannot be told so: the device is not listed (no such
+ * device, or not the Slurm job's), lists another language or none (the
+ * backend runs none, or raw_kernels turned them off), or no device at all
+ * does.  The JSON's strings hold no unescaped quote: a key or an id is
  * found only as one. */
-static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang, char *why,
-                      size_t len) {
+static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang) {
   static const char idkey[] = "\"id\":\"";
-  bool any = device == NULL || strcmp(device, "any") == 0, runs = true;
+  bool any = device == NULL || strcmp(device, "any") == 0, runs = false;
   dspk_device_list *l = NULL;
-  char id[128], reasons[512];
-  size_t at = 0;
+  char id[128];
   const char *p;
-  if (dspk_devices(ctx->client, false, &l) != 0 || l->json == NULL || l->ndevices == 0) {
+  if (dspk_devices(ctx->client, false, &l) != 0 || l->json == NULL) {
     dspk_device_list_free(l);
-    return true;
+    return false;
   }
-  snprintf(id, sizeof id, "%s%s\"", idkey, any ? "" : device);
-  if (!any) {
-    p = strstr(l->json, id);
-    runs = p == NULL || device_why(p, lang, why, len, &at);
-  } else {
-    runs = false;
-    for (p = strstr(l->json, idkey); p != NULL && !runs; p = strstr(p + 1, idkey))
-      runs = device_why(p, lang, reasons, sizeof reasons, &at);
-    if (!runs)
-      snprintf(why, len, "no device runs this task (%s)", reasons);
-  }
+  if (any) /* every entry's id */
+    snprintf(id, sizeof id, "%s", idkey);
+  else
+    snprintf(id, sizeof id, "%s%s\"", idkey, device);
+  for (p = strstr(l->json, id); p != NULL && !runs; p = any ? strstr(p + 1, id) : NULL)
+    runs = device_takes(p, lang);
   dspk_device_list_free(l);
   return runs;
+}
+
+/* Asks the daemon whether the device takes a kernel of the task's language
+ * at all, with a stand-in of the task small enough for any message: one
+ * f32 element and a source that no compiler takes (#error; not SPIR-V).
+ * The daemon checks the device before it compiles anything (resolve_device,
+ * raw_kernels, the device's languages: daemon/methods.c), so a device it
+ * would refuse for the real task answers here in the same words, and one it
+ * would take answers ECOMPILE, which is no concern of this check: nothing
+ * runs either way.  The daemon's ENODEV or ENOTSUP (the library's error
+ * holds its text), or 0 for any other answer. */
+static int device_probe(dspk__sub_ctx *ctx, const dspk_task *task) {
+  static const char src[] = "#error dspk-submit: a check of the device, never run\n";
+  float one = 0.0f;
+  dspk_tensor t;
+  dspk_task p;
+  dspk_result res;
+  int64_t shape[1] = {1};
+  int rc;
+  dspk_task_init(&p, DSPK_OP_KERNEL);
+  dspk_tensor_inline(&t, DSPK_F32, 1, shape, &one);
+  p.device = task->device;
+  p.ninputs = 1;
+  p.inputs = &t;
+  p.kernel.lang = task->kernel.lang;
+  p.kernel.source = src;
+  p.kernel.source_len = sizeof src - 1;
+  p.kernel.entry = task->kernel.entry;
+  for (int i = 0; i < 3; i++)
+    p.kernel.grid[i] = p.kernel.block[i] = 1;
+  p.kernel.nargs = 1;
+  p.kernel.args[0].kind = DSPK_KARG_TENSOR;
+  p.kernel.args[0].v.tensor = 0;
+  rc = dspk_run(ctx->client, &p, &res);
+  if (rc == 0) {
+    dspk_result_free(&res);
+    return 0;
+  }
+  return rc == DSPK_ENODEV || rc == DSPK_ENOTSUP ? rc : 0;
 }
 
 /* A kernel's tensors go to the daemon and come back inline, each way in
  * one message (no buffer, no shared memory stands for them): with SOURCE
  * they must fit the daemon's max_message less 1024 bytes of framing
- * (cli.md).  One that its device (any: every device of the daemon) would
- * not run is ENOTSUP first, whatever its size, in the words the daemon
- * says for a smaller one.  0, or the failure reported and its exit status. */
+ * (cli.md).  A device that would refuse the task whatever its size (no
+ * such device, not the Slurm job's, no kernel of the language, raw kernels
+ * turned off) is that refusal first, in the daemon's own words for a
+ * smaller task, as the other commands' large operands get it (from their
+ * shared memory, which names the device): the advice to raise max_message
+ * would not help.  0, or the failure reported and its exit status. */
 static int kernel_fits(dspk__sub_ctx *ctx, const dspk__npy *tens, int ntens,
                        const dspk_task *task) {
   size_t m = dspk_max_message(ctx->client), t = 0, srclen = task->kernel.source_len;
-  char why[640];
+  int rc;
   for (int i = 0; i < ntens; i++)
     t += tens[i].nbytes; /* each at most 2^31 elements of 16 bytes */
   if (m > 1024 && t <= m - 1024 && srclen <= m - 1024 - t)
     return 0;
-  if (!lang_runs(ctx, task->device, task->kernel.lang, why, sizeof why))
-    return dspk__sub_fail(ctx, DSPK_ENOTSUP, "%s", why);
+  if (!lang_runs(ctx, task->device, task->kernel.lang) && (rc = device_probe(ctx, task)) < 0)
+    return dspk__sub_fail_client(ctx, rc);
   return dspk__sub_fail(ctx, DSPK_ELIMIT, "the tensor arguments (%zu bytes) and SOURCE "
                         "(%zu bytes) are more than one message of this daemon carries (its max_message, "
                         "%zu bytes, less 1024 for framing), and a kernel's tensors travel "

@@ -255,7 +255,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "end closes the job's connections (queued and running work canceled,\n"
      "buffers freed) and returns once nothing of the job is left.\n"
      "\n"
-     "  --job ID            the Slurm job id (default $SLURM_JOB_ID)\n"
+     "  --job ID            the Slurm job id (default $SLURM_JOB_ID), no leading\n"
+     "                      zero (043 is refused, as everywhere)\n"
      "  --uid UID           register only: the uid the job runs as (default\n"
      "                      $SLURM_JOB_UID)\n"
      "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
@@ -894,6 +895,7 @@ static const struct option global_opts[] = {{"socket", required_argument, NULL, 
                                             {"version", no_argument, NULL, 'V'},
                                             {NULL, 0, NULL, 0}};
 #define GLOBAL_WHO PROG " before COMMAND"
+#define BEFORE_SUB "before SUBCOMMAND"
 static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts},
                                                   {NULL, NULL, NULL}};
 static const dspk__sub_optset *const option_sets[] = {
@@ -941,25 +943,40 @@ static bool takes(const dspk__sub_optset *s, const char *name, int c) {
   return c ? o != NULL && strcmp(o->name, name) == 0 : has_option(s->opts, name);
 }
 
+/* Whether set s is a subcommand of the command scope ("cache": "cache
+ * stats", "cache clear"); every set when scope is NULL. */
+static bool in_scope(const dspk__sub_optset *s, const char *scope) {
+  size_t n = scope ? strlen(scope) : 0;
+  return scope == NULL || (strncmp(s->who, scope, n) == 0 && s->who[n] == ' ');
+}
+
 /* Appends "an option of gemm, fft and kernel" for the long option name to
  * buf: the commands other than own that take it (with a letter c, not 0:
- * that take c for it), "every command" when all of them take it by name. */
-static void owners(const struct option *own, const char *name, int c, char *buf, size_t cap,
-                   size_t *w) {
+ * that take c for it).  Given before COMMAND (own is its options), "every
+ * command" when all of them take it by name.  Given before a subcommand of
+ * scope (not NULL), the subcommands of scope that take it, when some do:
+ * "an option of cache stats and cache clear", not "every command" (which
+ * the refusal would belie). */
+static void owners(const struct option *own, const char *scope, const char *name, int c,
+                   char *buf, size_t cap, size_t *w) {
   int n = 0, others = 0, k = 0;
-  for (int i = 0; option_sets[i] != NULL; i++)
-    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
-      others += s->opts != own && s->opts != global_opts;
-      n += s->opts != own && takes(s, name, c);
-    }
-  if (c == 0 && n == others && !has_option(global_opts, name)) {
+  for (int pass = 0; pass < 2 && n == 0; pass++) {
+    if (pass == 1)
+      scope = NULL;
+    for (int i = 0; option_sets[i] != NULL; i++)
+      for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
+        others += s->opts != own && s->opts != global_opts;
+        n += s->opts != own && in_scope(s, scope) && takes(s, name, c);
+      }
+  }
+  if (c == 0 && own == global_opts && n == others && !has_option(global_opts, name)) {
     append(buf, cap, w, "an option of every command");
     return;
   }
   append(buf, cap, w, "an option of ");
   for (int i = 0; option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++)
-      if (s->opts != own && takes(s, name, c))
+      if (s->opts != own && in_scope(s, scope) && takes(s, name, c))
         append(buf, cap, w, "%s%s", k++ == 0 ? "" : k == n ? " and " : ", ", s->who);
 }
 
@@ -981,8 +998,8 @@ static bool first_named(const dspk__sub_optset *set, const struct option *opt) {
  * exactly, when there are; else those it abbreviates) and that own does
  * not take, as "--inverse: an option of fft; --interval: an option of top"
  * into buf; returns how many. */
-static int foreign_long(const struct option *own, const char *tok, size_t len, char *buf,
-                        size_t cap) {
+static int foreign_long(const struct option *own, const char *scope, const char *tok,
+                        size_t len, char *buf, size_t cap) {
   size_t w = 0;
   int n = 0;
   bool exact = false;
@@ -996,7 +1013,7 @@ static int foreign_long(const struct option *own, const char *tok, size_t len, c
               has_option(own, o->name) || !first_named(s, o))
             continue;
           append(buf, cap, &w, "%s--%s: ", n++ ? "; " : "", o->name);
-          owners(own, o->name, 0, buf, cap, &w);
+          owners(own, scope, o->name, 0, buf, cap, &w);
         }
   }
   return n;
@@ -1005,7 +1022,8 @@ static int foreign_long(const struct option *own, const char *tok, size_t len, c
 /* The options of other commands that the letter c stands for, in the
  * long options' style, each named once: "--size, an option of ping;
  * --shared, an option of kernel" into buf; returns how many. */
-static int foreign_short(const struct option *own, int c, char *buf, size_t cap) {
+static int foreign_short(const struct option *own, const char *scope, int c, char *buf,
+                         size_t cap) {
   size_t w = 0;
   int n = 0;
   buf[0] = '\0';
@@ -1019,7 +1037,7 @@ static int foreign_short(const struct option *own, int c, char *buf, size_t cap)
       if (o == NULL || named)
         continue;
       append(buf, cap, &w, "%s--%s, ", n++ ? "; " : "", o->name);
-      owners(own, o->name, c, buf, cap, &w);
+      owners(own, scope, o->name, c, buf, cap, &w);
     }
   return n;
 }
@@ -1037,6 +1055,11 @@ static const char *option_owner(const dspk__sub_ctx *ctx, char *buf, size_t cap)
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts) {
   /* An array operand is a command's: before COMMAND "-:x" is an option. */
   const char *tok, *member = ctx != NULL && ctx->cmd != NULL ? stdin_member(argv) : NULL;
+  /* Before a subcommand, that command's subcommands own an option first. */
+  const char *scope = ctx != NULL && ctx->cmd != NULL && ctx->sub != NULL &&
+                              strcmp(ctx->sub, BEFORE_SUB) == 0
+                          ? ctx->cmd
+                          : NULL;
   char cands[1024], who[64];
   if (member != NULL)
     return dspk__sub_usage(ctx, "'%s': standard input cannot name an .npz member ('-' is "
@@ -1048,7 +1071,7 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct opt
     if (optopt == 0 && abbreviated(opts, tok, (size_t)len, cands, sizeof cands) > 1)
       return dspk__sub_usage(ctx, "option '%s' is ambiguous: %s", dspk__sub_arg_n(tok, len),
                              cands);
-    if (optopt == 0 && foreign_long(opts, tok, (size_t)len, cands, sizeof cands) > 0)
+    if (optopt == 0 && foreign_long(opts, scope, tok, (size_t)len, cands, sizeof cands) > 0)
       return dspk__sub_usage(ctx, "option '%s' does not apply to %s (%s)",
                              dspk__sub_arg_n(tok, len), option_owner(ctx, who, sizeof who),
                              cands);
@@ -1062,7 +1085,7 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct opt
                              len, tok, len, tok);
   }
   if (optopt > 0 && optopt < 128 && optopt != '?' &&
-      foreign_short(opts, optopt, cands, sizeof cands) > 0)
+      foreign_short(opts, scope, optopt, cands, sizeof cands) > 0)
     return dspk__sub_usage(ctx, "option '-%c' does not apply to %s (-%c: %s)", optopt,
                            option_owner(ctx, who, sizeof who), optopt, cands);
   if (optopt > 0 && optopt < 128 && optopt != '?')
@@ -1074,7 +1097,7 @@ int dspk__sub_before_subcommand(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option none[] = {{NULL, 0, NULL, 0}};
   if (argc < 2 || argv[1][0] != '-' || argv[1][1] == '\0' || strcmp(argv[1], "--") == 0)
     return -1;
-  ctx->sub = "before SUBCOMMAND";
+  ctx->sub = BEFORE_SUB;
   optind = 0; /* the command's words, argv[0] the command's name */
   (void)getopt_long(argc, argv, "+:", none, NULL); /* '?': none is known */
   return dspk__sub_bad_option(ctx, argv, none);
@@ -1270,11 +1293,21 @@ int main(int argc, char **argv) {
     ctx.cmd = optind + 1 < argc ? argv[optind + 1] : "";
     /* help's own help (--help, or "help help") is the program's, as for a
      * bare "help": help is a command, but not one of the table's. */
-    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0 ||
-        strcmp(ctx.cmd, "help") == 0)
+    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "help") == 0 ||
+        (strlen(ctx.cmd) >= 3 && strncmp(ctx.cmd, "--help", strlen(ctx.cmd)) == 0))
       ctx.cmd = "";
     /* The word after help is judged first: in "help -S x" the -S is no
-     * command (it said that x was an extra argument). */
+     * command (it said that x was an extra argument), but an option given
+     * to help, which takes none: another command's, or dspk-submit's before
+     * COMMAND, named as such as for every command (cli.md). */
+    if (ctx.cmd[0] == '-' && ctx.cmd[1] != '\0' && strcmp(ctx.cmd, "--") != 0) {
+      static const struct option none[] = {{NULL, 0, NULL, 0}};
+      ctx.cmd = "help";
+      ci = optind; /* help's words, argv[ci] its name */
+      optind = 0;
+      (void)getopt_long(argc - ci, argv + ci, "+:", none, NULL); /* '?': none is known */
+      return dspk__sub_bad_option(&ctx, argv + ci, none);
+    }
     if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
       ctx.cmd = NULL;
       return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);

@@ -339,7 +339,9 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s);
 DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
 
 /* The `trace` method: records the jobs of the devices `status` shows the
- * caller for `seconds` (0 < seconds <= 600; the call blocks that long);
+ * caller for `seconds` (0 < seconds <= 600; the call blocks that long;
+ * another, NaN too, is DSPK_EINVAL before anything is sent: "dspk_trace:
+ * seconds 600.5 is not in (0, 600]");
  * another user's jobs, unless the caller is an admin, only as anonymous
  * slices named "other" (docs/protocol.md, trace).  Returns it as Chrome
  * trace-event JSON in *json_out (free with dspk_free()), which Perfetto and
@@ -521,7 +523,8 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * which dspk_wait lends to the result (still inline, no copy: out[0].data
  * points into the temporary's pages until dspk_result_free, which gives
  * them back for a later task; while 4 results of c hold temporaries, the
- * next is copied into memory of its own).  Either way the memory is the
+ * next comes into memory of its own: through the socket, no temporary made
+ * for it, or copied out of one where it could not cross the socket).  Either way the memory is the
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
@@ -542,7 +545,9 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * Temporaries are daemon buffers of the user's: they count toward
  * max_buffers and the memory quotas (max_user_memory... , protocol.md
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
- * dspk_wait_any, dspk_run) at most 6 idle ones are kept for later tasks, of
+ * dspk_wait_any, dspk_run) at most 6 idle ones are kept for later tasks,
+ * less one for each lent to a result then (idle once the result is freed:
+ * at most 6 idle, also after the results are freed), of
  * at most 256 MiB together and at most an eighth of the connection's memory
  * quota on cpu:0 (hello's cpu_memory_quota, protocol.md), the most recently
  * used, and the others freed; a result's temporary is the result's until
@@ -557,6 +562,15 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * dspk_max_message - 1024 bytes) fails then, before anything is sent,
  * with the refusal's code and a dspk_last_error() that says a shared
  * temporary was refused.
+ * None is made (the bytes cross the socket) where it, whole 2 MiB units,
+ * would pass, with c's shared memory on cpu:0 and the task's own inline
+ * operands and result, what hello's cpu_memory_quota lets the connection
+ * hold on cpu:0.  And where the daemon refuses dspk_run's task with
+ * DSPK_ELIMIT (a quota that other connections of the user share, say)
+ * while temporaries held memory, the task's or c's idle ones, the idle ones
+ * are freed and the task is sent once more with its operands and result
+ * through the socket, as with threshold 0; its answer is dspk_run's.  A
+ * task of dspk_submit is not sent again: its dspk_wait returns the refusal.
  * A broken connection or a timeout (dspk_set_timeout) while one is made is
  * the call's failure as any other.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
@@ -700,9 +714,15 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * (several operands sent inline, each below half of it and the shared
  * threshold; a long kernel source) is DSPK_ELIMIT before anything is sent,
  * with the remedy in dspk_last_error(): buffer references, dspk_shared_alloc,
- * and, where a temporary would be made for them, the shared threshold that
- * would carry the inline operands (at most the largest's size) when the
- * current one (0: off, or above it) does not.  A raw kernel's inline tensors go
+ * and, where a temporary would be made for them (for "any": the daemon has
+ * no hardware device, asked with a `devices` call where not known yet), the
+ * shared threshold that would carry the inline operands (at most the
+ * largest's size) when the current one (0: off, or above it) does not.
+ * Unless the task's device (not "any") does not exist or is not the Slurm
+ * job's: that is DSPK_ENODEV, in the daemon's words, as the task gets it
+ * with small operands, since no size would help (asked with a
+ * buffer.create that the daemon refuses whatever the device, making
+ * nothing); so is a temporary that the daemon refuses with DSPK_ENODEV.  A raw kernel's inline tensors go
  * inline both ways (not through shared memory): together at most
  * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
  * anything is sent otherwise), and in one request with the source; larger
@@ -713,7 +733,9 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
  * Asynchronous use: dspk_submit() sends the request and returns at once
  * with a ticket (the request's msgid), never waiting for an answer (only,
  * like every call, for room to send: see dspk_set_shared_threshold for its
- * large operands); any number may be in flight.
+ * large operands; and where the request is too large to be sent at all,
+ * for what dspk_run's DSPK_ELIMIT says: whether its device exists, what
+ * "any" is, answers the daemon gives at once); any number may be in flight.
  * dspk_wait() blocks until that ticket's answer arrives (answers to other
  * tickets read meanwhile are kept for their own dspk_wait, each found in
  * constant time however many are kept) and consumes the

@@ -1713,7 +1713,7 @@ SKIP = 77  # ctest SKIP_RETURN_CODE: no device for the suite on this machine
 
 
 
-def suite_kernel(cli, tmp):
+def suite_kernel(cli, tmp, dspkd):
     j = json.loads(cli.ok("devices", "--json"))
     if not any(d["id"] == "vulkan:0" for d in j["devices"]):
         print("kernel: no vulkan:0 device here, skipped")
@@ -1749,6 +1749,32 @@ def suite_kernel(cli, tmp):
     large = cli.fails(cuargs + ["zeros:f32:70000000"], "kernel", "ENOTSUP")
     check(small == large == 'dspk-submit: kernel: ENOTSUP: kernel: vulkan:0 takes lang %s, '
           'not "cuda"\n' % ", ".join(vlangs), "kernel cuda on vulkan:0: %r, %r" % (small, large))
+    # A vulkan:0 whose raw kernels are turned off, one outside the Slurm
+    # job's allocation, and one that does not exist: the daemon's words
+    # whatever the tensors' size (they were ELIMIT's advice to raise
+    # max_message, or "vulkan:0 runs no raw kernels"; probe 14 D1).
+    rk = Daemon(dspkd, tmp, "cpu,vulkan", name="rawoff",
+                extra=["--no-cache", "--max-message", "4096", "--raw-kernels", "none"])
+    try:
+        crk = Cli(cli.binary, rk.sock)
+        rargs = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1"]
+        for dev, env, code, want in (
+                ("vulkan:0", None, "ENOTSUP", "kernel: raw kernels are turned off on vulkan:0 "
+                 "(raw_kernels in the daemon's configuration)"),
+                ("vulkan:0", dict(os.environ, DSPK_JOB="50"), "ENODEV",
+                 "device vulkan:0 is not in the allocation of Slurm job 50"),
+                ("vulkan:1", None, "ENODEV", 'no device "vulkan:1" (the devices method lists '
+                 'them)')):
+            if env is not None:  # a job of this uid: its connections are the job's
+                crk.ok("job", "register", "--job", "50", "--uid", str(os.getuid()))
+            small = crk.fails(rargs + ["--device", dev, "zeros:f32:16"], "kernel", code, env=env)
+            large = crk.fails(rargs + ["--device", dev, "zeros:f32:1000"], "kernel", code,
+                              env=env)
+            check(small == large == "dspk-submit: kernel: %s: %s\n" % (code, want),
+                  "kernel --device %s: small %r, large %r" % (dev, small, large))
+        crk.ok("job", "end", "--job", "50")
+    finally:
+        rk.stop()
     n = 1000
     z = rng.uniform(-1, 1, n).astype("<f8")
     pz = os.path.join(tmp, "z.npy")
@@ -2064,13 +2090,20 @@ def suite_shell(cli, tmp, dspkd):
         with open(kc, "w") as f:
             f.write("void main(){}\n")
         kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
-        for dev, want in (([], "no device runs this task (kernel: cpu:0 runs no raw kernels)"),
-                          (["--device", "cpu:0"], "kernel: cpu:0 runs no raw kernels"),
-                          (["--device", "any"], "no device runs this task (kernel: cpu:0 runs "
-                                                "no raw kernels)")):
-            small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", "ENOTSUP")
-            large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", "ENOTSUP")
-            check(small == large == "dspk-submit: kernel: ENOTSUP: %s\n" % want,
+        # A device that does not exist: ENODEV in the daemon's words too, not
+        # the advice to raise max_message (probe 14 D1).
+        for dev, code, want in (
+                ([], "ENOTSUP", "no device runs this task (kernel: cpu:0 runs no raw kernels)"),
+                (["--device", "cpu:0"], "ENOTSUP", "kernel: cpu:0 runs no raw kernels"),
+                (["--device", "any"], "ENOTSUP", "no device runs this task (kernel: cpu:0 "
+                                                 "runs no raw kernels)"),
+                (["--device", "cpu:1"], "ENODEV", 'no device "cpu:1" (the devices method '
+                                                  'lists them)'),
+                (["--device", "vulkan:0"], "ENODEV", 'no device "vulkan:0" (the devices '
+                                                     'method lists them)')):
+            small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", code)
+            large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", code)
+            check(small == large == "dspk-submit: kernel: %s: %s\n" % (code, want),
                   "kernel %s: small %r, large %r" % (dev, small, large))
     finally:
         d3.stop()
@@ -2504,8 +2537,22 @@ def other_commands_options(cli):
             # subcommand '--kernels'" (round 13).
             (["cache", "--kernels", "clear"], "cache", "'--kernels' does not apply to cache "
              "before SUBCOMMAND (--kernels: an option of cache clear)"),
+            # Not "every command", which the refusal belies: the subcommands
+            # that take it (probe 14 D4).
             (["cache", "--json", "stats"], "cache", "'--json' does not apply to cache "
-             "before SUBCOMMAND (--json: an option of every command)"),
+             "before SUBCOMMAND (--json: an option of cache stats and cache clear)"),
+            (["job", "--json", "end"], "job", "'--json' does not apply to job "
+             "before SUBCOMMAND (--json: an option of job register and job end)"),
+            # An option given to help, which takes none, is named as for every
+            # command (it was "unknown command '--inverse'"; probe 14 D4).
+            (["help", "--inverse"], "help", "'--inverse' does not apply to help "
+             "(--inverse: an option of fft)"),
+            (["help", "-S", "x"], "help", "'-S' does not apply to help (-S: --socket, an "
+             "option of dspk-submit before COMMAND)"),
+            (["help", "--socket", "x"], "help", "'--socket' does not apply to help "
+             "(--socket: an option of dspk-submit before COMMAND)"),
+            (["help", "--version"], "help", "'--version' does not apply to help "
+             "(--version: an option of dspk-submit before COMMAND)"),
             (["job", "--job", "5", "end"], "job", "'--job' does not apply to job before "
              "SUBCOMMAND (--job: an option of job register and job end)"),
             (["job", "-o", "x", "end"], "job", "'-o' does not apply to job before "
@@ -2595,15 +2642,30 @@ def command_line_round6(cli, tmp):
                        (["--job", "7", "--uid", "4294967296"], "bad --uid '4294967296'"),
                        (["--job", "7", "--uid", " 5"], "bad --uid ' 5'"),
                        (["--job", "abc", "--uid", "5"], "bad --job 'abc' (want a Slurm job id"),
-                       (["--job", "-5", "--uid", "5"], "bad --job '-5'")):
+                       (["--job", "-5", "--uid", "5"], "bad --job '-5'"),
+                       # a leading zero: job 43 here, no job for hello, DSPK_JOB and
+                       # dspkd --end-job (probe 14 D3)
+                       (["--job", "043", "--uid", "5"], "bad --job '043' (want a Slurm job "
+                        "id, a decimal number from 1 to 18446744073709551615 without "
+                        "leading zeros, signs or blanks)"),
+                       (["--job", "00", "--uid", "5"], "bad --job '00'"),
+                       (["--job", "0", "--uid", "5"], "bad --job '0'")):
         err = cli.fails(nosock + ["job", "register"] + args, "job", "EINVAL", rc_want=2,
                         sock=False, detail=want)
         check("is needed" not in err, "job %s: %r" % (args, err))
+    cli.fails(nosock + ["job", "end", "--job", "043"], "job", "EINVAL", rc_want=2, sock=False,
+              detail="bad --job '043' (want a Slurm job id")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False, env=env,
               detail="--job: a Slurm job id (default $SLURM_JOB_ID) is needed")
     cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False,
               env=dict(env, SLURM_JOB_ID="x1"), detail="bad $SLURM_JOB_ID 'x1'")
+    for bad in ("043", "0"):
+        for sub in (["end"], ["register", "--uid", "5"]):
+            cli.fails(nosock + ["job"] + sub, "job", "EINVAL", rc_want=2, sock=False,
+                      env=dict(env, SLURM_JOB_ID=bad),
+                      detail="bad $SLURM_JOB_ID '%s' (want a Slurm job id, a decimal number "
+                      "from 1 to" % bad)
     # Numbers: no leading blank, no '+', no hex, anywhere.
     for args in (["ping", "-c", " 2"], ["ping", "-c", "+2"], ["ping", "-c", "0x2"],
                  ["map", "scale", a, "--alpha", " 2"], ["map", "scale", a, "--alpha", "+2"],
@@ -2705,15 +2767,19 @@ def command_line_messages(cli, tmp):
     that is no socket or too long from $DSPK_SOCKET, kernel's SOURCE - on a
     terminal, a missing .npz: each said as it is (no daemon needed)."""
     top = cli.ok("--help", sock=False)
-    for argv in (["help", "--help"], ["help", "-h"]):
+    for argv in (["help", "--help"], ["help", "-h"], ["help", "--he"]):
         check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
     cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
               detail="help takes one COMMAND, got extra argument 'fft'")
-    # The word after help is judged first: -S is no command (it said that
-    # x was an extra argument; round 13).
-    for argv in (["help", "-S", "x"], ["help", "nosuch", "x"]):
-        cli.fails(argv, None, "EINVAL", rc_want=2, sock=False,
-                  detail="unknown command '%s'" % argv[1])
+    # The word after help is judged first: -S is an option given to help
+    # (it said that x was an extra argument, round 13, then that -S was an
+    # unknown command, probe 14 D4: command_line_round6 has the others).
+    cli.fails(["help", "nosuch", "x"], None, "EINVAL", rc_want=2, sock=False,
+              detail="unknown command 'nosuch'")
+    cli.fails(["help", "-S", "x"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="option '-S' does not apply to help")
+    cli.fails(["help", "--nosuch"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="unknown option '--nosuch'")
     cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="empty --socket path")
     d = os.path.join(tmp, "notsock")
@@ -3067,7 +3133,8 @@ def main():
                 else:
                     rc = {"info": suite_info, "ops": suite_ops,
                           "errors": suite_errors,
-                          "kernel": suite_kernel}[opt.suite](cli, tmp)
+                          "kernel": lambda c, t: suite_kernel(c, t, opt.daemon)
+                          }[opt.suite](cli, tmp)
                 d, daemon = daemon, None
                 d.stop()
         except Failure as e:

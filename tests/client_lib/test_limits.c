@@ -712,7 +712,6 @@ static void test_result_temporary_refused(void **state) {
  * would carry them, which then does. */
 static void test_threshold_remedy(void **state) {
   static float a[500], b[500];
-  const int64_t sa[2] = {500, 1}, sb[2] = {1, 500};
   const size_t thr[] = {0, DSPK_SHARED_THRESHOLD, 2001, 2000, 1};
   const char *want[] = {"or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 0, which "
                         "turns temporaries off)",
@@ -731,29 +730,56 @@ static void test_threshold_remedy(void **state) {
     a[i] = (float)i, b[i] = 1.0f;
   pid_t pid = spawn_mm("remedy", "4096", NULL, NULL, sock, sizeof sock);
   assert_true(pid > 0);
-  assert_int_equal(dspk_connect(sock, "remedy", &c), 0);
-  dspk_task_init(&t, DSPK_OP_GEMM);
-  t.device = "cpu:0";
-  dspk_tensor_inline(&in[0], DSPK_F32, 2, sa, a);
-  dspk_tensor_inline(&in[1], DSPK_F32, 2, sb, b);
-  t.inputs = in;
-  t.ninputs = 2;
-  for (size_t k = 0; k < sizeof thr / sizeof thr[0]; k++) {
-    dspk_set_shared_threshold(c, thr[k]);
-    int rc = dspk_run(c, &t, &r);
-    if (want[k] == NULL) {
-      assert_int_equal(rc, 0);
-      assert_true(((const float *)r.out[0].data)[499 * 500 + 7] == 499.0f);
-      dspk_result_free(&r);
-      continue;
+  /* (500,1) @ (1,500), whose 1 MB result goes through a temporary
+   * whatever the threshold, and (1,500) @ (500,1), whose 4-byte result
+   * does not; on cpu:0, on "any" (a fresh client, which has not asked what
+   * "any" is: at threshold 0 it said that a temporary is made for "any"
+   * only when the daemon has no hardware device, which this one has not,
+   * and thresholds 1 to 2000 work), and on a device that does not exist,
+   * whose ENODEV (as for small operands) it is at every threshold, not size
+   * advice (probe 14 D2). */
+  const char *devs[] = {"cpu:0", NULL, "cpu:1"};
+  for (int shape = 0; shape < 2; shape++)
+    for (size_t d = 0; d < sizeof devs / sizeof devs[0]; d++) {
+      const int64_t sa[2] = {shape ? 1 : 500, shape ? 500 : 1};
+      const int64_t sb[2] = {shape ? 500 : 1, shape ? 1 : 500};
+      assert_int_equal(dspk_connect(sock, "remedy", &c), 0);
+      dspk_task_init(&t, DSPK_OP_GEMM);
+      t.device = devs[d];
+      dspk_tensor_inline(&in[0], DSPK_F32, 2, sa, a);
+      dspk_tensor_inline(&in[1], DSPK_F32, 2, sb, b);
+      t.inputs = in;
+      t.ninputs = 2;
+      for (size_t k = 0; k < sizeof thr / sizeof thr[0]; k++) {
+        dspk_set_shared_threshold(c, thr[k]);
+        int rc = dspk_run(c, &t, &r);
+        if (d == 2) {
+          uint32_t ticket = 0;
+          assert_int_equal(rc, DSPK_ENODEV);
+          assert_string_equal(dspk_last_error(c), "no device \"cpu:1\" (the devices method "
+                                                  "lists them)");
+          assert_int_equal(dspk_submit(c, &t, &ticket), DSPK_ENODEV);
+          assert_string_equal(dspk_last_error(c), "no device \"cpu:1\" (the devices method "
+                                                  "lists them)");
+          continue;
+        }
+        if (want[k] == NULL) {
+          assert_int_equal(rc, 0);
+          assert_true(((const float *)r.out[0].data)[shape ? 0 : 499 * 500 + 7] ==
+                      (shape ? 124750.0f : 499.0f));
+          dspk_result_free(&r);
+          continue;
+        }
+        assert_int_equal(rc, DSPK_ELIMIT);
+        const char *e = dspk_last_error(c);
+        assert_non_null(strstr(e, "(dspk_shared_alloc, "));
+        if (!strstr(e, want[k]))
+          fail_msg("shape %d, device %s, threshold %zu: %s", shape,
+                   devs[d] ? devs[d] : "NULL", thr[k], e);
+        assert_null(strstr(e, "lower"));
+      }
+      dspk_close(c);
     }
-    assert_int_equal(rc, DSPK_ELIMIT);
-    const char *e = dspk_last_error(c);
-    assert_non_null(strstr(e, "(dspk_shared_alloc, "));
-    assert_non_null(strstr(e, want[k]));
-    assert_null(strstr(e, "lower"));
-  }
-  dspk_close(c);
   stop_mm(pid, sock);
 }
 

@@ -671,6 +671,9 @@ static void test_lent_result(void **state) {
     assert_non_null(temp_of(held[i].out[0].data, 4));
   assert_null(temp_of(held[4].out[0].data, 4));
   assert_int_equal(count_state(4), 4);
+  /* and no temporary was made for the fifth, which would not be lent (one
+   * was, then idle beside the four: probe 14 D5) */
+  assert_int_equal(count_state(2), 0);
   check_gemm(held[0].out[0].data, a, b, m, k, n);
   check_gemm(held[4].out[0].data, a, b, m, k, n);
   for (int i = 0; i < 5; i++)
@@ -873,6 +876,133 @@ static void test_idle_temps_quota(void **state) {
   quota_pid = 0;
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   unlink(sock);
+}
+
+/* The temporaries of c (not the caller's allocations), whatever their state. */
+static size_t temps_of(const dspk_client *c) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->nshm; i++)
+    n += c->shm[i].state != 0;
+  return n;
+}
+
+/* dspk.h: while 4 results hold temporaries the next is copied, and at most
+ * 6 idle ones are kept once an answer is consumed.  A map add of two
+ * operands through temporaries (threshold 1), 7 results held: a 5th result
+ * temporary was made (7 buffers), and after the results were freed 7 stayed
+ * idle (probe 14 D5).  With one operand, 6 (1 + 5). */
+static void test_temps_bound(void **state) {
+  enum { N = 1000, HELD = 7 };
+  float *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float));
+  int64_t shape[1] = {N};
+  dspk_tensor in[2];
+  dspk_result r[HELD];
+  dspk_client *c2;
+  (void)state;
+  for (int i = 0; i < N; i++)
+    a[i] = (float)i, b[i] = 1.0f;
+  dspk_tensor_inline(&in[0], DSPK_F32, 1, shape, a);
+  dspk_tensor_inline(&in[1], DSPK_F32, 1, shape, b);
+  for (unsigned nin = 2; nin >= 1; nin--) {
+    dspk_task t;
+    assert_int_equal(dspk_connect(sockpath, "test_temps_bound", &c2), 0);
+    dspk_set_shared_threshold(c2, 1);
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.device = "cpu:0";
+    t.map.fn = nin == 2 ? DSPK_MAP_ADD : DSPK_MAP_ABS;
+    t.ninputs = nin;
+    t.inputs = in;
+    for (int i = 0; i < HELD; i++) {
+      assert_int_equal(dspk_run(c2, &t, &r[i]), 0);
+      assert_true(temps_of(c2) <= nin + 4); /* its operands' and 4 results' */
+      for (int j = 0; j < N; j++)
+        if (((const float *)r[i].out[0].data)[j] != (nin == 2 ? a[j] + 1.0f : a[j]))
+          fail_msg("run %d, element %d", i, j);
+    }
+    assert_int_equal(count_state_of(c2, 4), 4);
+    for (int i = 0; i < HELD; i++)
+      dspk_result_free(&r[i]);
+    assert_int_equal(dspk_run(c2, &t, &r[0]), 0);
+    dspk_result_free(&r[0]);
+    assert_true(temps_of(c2) <= 6); /* all idle now: at most 6 */
+    assert_int_equal(dspk_ping(c2, NULL, 0), 0);
+    dspk_close(c2);
+  }
+  free(a);
+  free(b);
+}
+
+/* A map add of two n-element f32 operands on cpu:0 through c (its result
+ * checked): dspk_run's code. */
+static int add_on(dspk_client *c, size_t n) {
+  float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+  int64_t shape[1] = {(int64_t)n};
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  int rc;
+  assert_non_null(a);
+  assert_non_null(b);
+  for (size_t i = 0; i < n; i++)
+    a[i] = (float)(i % 1000), b[i] = 1.0f;
+  dspk_tensor_inline(&in[0], DSPK_F32, 1, shape, a);
+  dspk_tensor_inline(&in[1], DSPK_F32, 1, shape, b);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.map.fn = DSPK_MAP_ADD;
+  t.ninputs = 2;
+  t.inputs = in;
+  if ((rc = dspk_run(c, &t, &r)) == 0) {
+    for (size_t i = 0; i < n; i++)
+      if (((const float *)r.out[0].data)[i] != a[i] + 1.0f)
+        fail_msg("element %zu", i);
+    dspk_result_free(&r);
+  }
+  free(a);
+  free(b);
+  return rc;
+}
+
+/* dspk.h: a temporary that cannot be had is no failure of the task.  Under
+ * a memory quota of 4 MiB, the library's own temporaries (whole 2 MiB each)
+ * for a map add of two 1.2 MB operands took the whole quota and the task
+ * was refused ELIMIT, where threshold 0 runs it (probe 14 D6): none is made
+ * that would leave the task no room under hello's cpu_memory_quota.  Where
+ * the quota is the user's, shared with another connection that the library
+ * cannot see, a task refused ELIMIT while its temporaries held memory runs
+ * once more through the socket. */
+static void test_temps_quota(void **state) {
+  const char *opts[][2] = {{"--max-conn-memory", "4M"}, {"--max-user-memory", "4M"},
+                           {"--max-conn-memory", "2M"}, {"--max-user-memory", "8M"}};
+  char sock[160];
+  int st;
+  (void)state;
+  for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+    dspk_client *c2, *c3 = NULL;
+    uint64_t id = 0;
+    snprintf(sock, sizeof sock, "%s/tq.sock", tmpdir);
+    quota_pid = spawn_daemon(sock, "cpu", opts[k][0], opts[k][1]);
+    assert_true(quota_pid > 0);
+    assert_int_equal(dspk_connect(sock, "test_temps_quota", &c2), 0);
+    if (k == 3) { /* another connection of the user's holds 3 MiB of 8 */
+      assert_int_equal(dspk_connect(sock, "test_temps_quota_3", &c3), 0);
+      assert_int_equal(dspk_buffer_create(c3, "cpu:0", (size_t)3 << 20, &id), 0);
+    }
+    size_t n = k == 2 ? 150000 : 300000; /* 0.6 MB or 1.2 MB each */
+    const size_t ths[] = {DSPK_SHARED_THRESHOLD, 1, 0};
+    for (size_t i = 0; i < 3; i++) {
+      dspk_set_shared_threshold(c2, ths[i]);
+      if (add_on(c2, n) != 0)
+        fail_msg("%s %s, threshold %zu: %s", opts[k][0], opts[k][1], ths[i],
+                 dspk_last_error(c2));
+    }
+    dspk_close(c2);
+    dspk_close(c3);
+    assert_int_equal(daemon_stop(quota_pid, &st), 0);
+    quota_pid = 0;
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unlink(sock);
+  }
 }
 
 /* The client unmaps its side while its task runs, or exits with tasks in
@@ -1238,10 +1368,12 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_threshold_env),
       cmocka_unit_test(test_auto_result),
       cmocka_unit_test(test_lent_result),
+      cmocka_unit_test(test_temps_bound),
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
       cmocka_unit_test(test_import_after_big),
       cmocka_unit_test_teardown(test_idle_temps_quota, stop_quota_daemon),
+      cmocka_unit_test_teardown(test_temps_quota, stop_quota_daemon),
       cmocka_unit_test(test_freed_shared_id),
       cmocka_unit_test(test_shared_rw_overlap),
       cmocka_unit_test_teardown(test_timeout_keeps_order, stop_own_daemon),

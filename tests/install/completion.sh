@@ -156,7 +156,18 @@ else
     { echo "FAIL: --device with a daemon that never answers: rc=$rc, offered [$got]"; bad=1; }
   # A value that is no positive number of seconds is the default (2 s):
   # timeout(1) takes 0 as no limit, which held the shell.
-  for tmo in 0 0.0 -1 abc; do
+  # A positive number with an exponent is that many seconds (1e-1 waited
+  # the default 2 s; probe 14 D4); one below a millisecond is the default.
+  for tmo in 1e-1 .5E-1; do
+    start=$(date +%s%N)
+    got=$(DSPK_COMPLETION_TIMEOUT=$tmo timeout 20 bash -c '. "$1/packaging/completion/dspk-submit"
+      COMP_WORDS=(dspk-submit --socket "$2" gemm a.npy -d ""); COMP_CWORD=6
+      _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "$tmp/silent.sock")
+    rc=$? ms=$((($(date +%s%N) - start) / 1000000))
+    [[ $rc -eq 0 && $got == any && $ms -lt 1500 ]] ||
+      { echo "FAIL: DSPK_COMPLETION_TIMEOUT=$tmo: rc=$rc, offered [$got] after $ms ms (want < 1500)"; bad=1; }
+  done
+  for tmo in 0 0.0 -1 abc 1e-400 0.0004; do
     got=$(DSPK_COMPLETION_TIMEOUT=$tmo timeout 20 bash -c '. "$1/packaging/completion/dspk-submit"
       COMP_WORDS=(dspk-submit --socket "$2" gemm a.npy -d ""); COMP_CWORD=6
       _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "$tmp/silent.sock")
