@@ -817,14 +817,20 @@ int dspk__vk_bind_named(struct dspk__dev *d, const struct dspk__tensor *t,
     return dspk__vk_fail(ctx, r, "vulkan: %s starts at byte offset %zu, not a multiple of "
                                  "its element size (%zu bytes)",
                          what, t->offset, es);
+  /* The arithmetic of dspk__vk_max_tensor_bytes, in words that add up:
+   * the range (down to a multiple of 4) less the alignment less one. */
+  unsigned long long range = d->props.limits.maxStorageBufferRange;
+  unsigned long long range4 = range & ~3ull;
+  char down[64] = "";
+  if (range4 != range)
+    snprintf(down, sizeof down, " down to a multiple of 4, %llu,", range4);
   return dspk__vk_fail(ctx, r, "vulkan: %s (%zu bytes) is larger than one binding of this "
                                "device can be at any offset: %llu bytes (max_tensor_bytes "
-                               "in devices: maxStorageBufferRange %llu less the storage "
-                               "buffers' offset alignment %llu and one)",
+                               "in devices: maxStorageBufferRange %llu%s less %llu, one less "
+                               "than the storage buffers' offset alignment %llu)",
                        what, dspk__tensor_nbytes(t),
-                       (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits),
-                       (unsigned long long)d->props.limits.maxStorageBufferRange,
-                       (unsigned long long)d->align);
+                       (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits), range,
+                       down, (unsigned long long)d->align - 1, (unsigned long long)d->align);
 }
 
 /* Binds k, its bindings and push constants in the open command buffer

@@ -30,6 +30,7 @@ import json
 import math
 import mmap
 import os
+import re
 import shutil
 import socket
 import struct
@@ -2741,6 +2742,16 @@ def vulkan_max_tensor(env):
         return {"buffer": buf, "offset": off, "dtype": "f32", "shape": shape}
     small = ref([1, 1])
     want = ("%d bytes" % (4 * n), "maxStorageBufferRange", "%d bytes" % lim, "max_tensor_bytes")
+    # The message's arithmetic adds up: "maxStorageBufferRange R less A-1, one
+    # less than the storage buffers' offset alignment A" is lim (it said "less
+    # the ... alignment 16 and one", which reads as R - 17: probe 14 A7).
+    m = re.search(r"maxStorageBufferRange (\d+)(?: down to a multiple of 4, (\d+),)? less "
+                  r"(\d+), one less than the storage buffers' offset alignment (\d+)\)",
+                  c.call("task.run", {"op": "map", "device": dev, "inputs": [ref([n])],
+                                      "options": {"fn": "abs"}})[1].get("message", ""))
+    check(m and int(m.group(2) or m.group(1)) - int(m.group(3)) == lim and
+          int(m.group(3)) == int(m.group(4)) - 1,
+          "the max_tensor_bytes message's words add up to %d: %r" % (lim, m and m.group(0)))
     # each tensor named as this document names it (map, fir and reduce said
     # "operand 0": outside probe 13 B2)
     expect(c.call("task.run", {"op": "map", "device": dev, "inputs": [ref([n])],
