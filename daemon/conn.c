@@ -1546,7 +1546,8 @@ static void accept_fd(struct dspkd *d, int fd) {
       snprintf(msg, sizeof msg, "more than %zu connections (max_clients %zu and %zu more for "
                "admins)", d->cfg.max_clients + extra, d->cfg.max_clients, extra);
     else
-      snprintf(msg, sizeof msg, "more than %zu connections (max_clients)", d->cfg.max_clients);
+      snprintf(msg, sizeof msg, "more than %zu connection%s (max_clients)", d->cfg.max_clients,
+               d->cfg.max_clients == 1 ? "" : "s");
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }

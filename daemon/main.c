@@ -302,8 +302,8 @@ static void cache_put_result(void *ud, int kind, int err, const char *detail) {
   (void)ud;
   if (err == 0) {
     if (failed)
-      dspkd_warn("cache: storing works again (%llu puts had failed)",
-                 (unsigned long long)failed);
+      dspkd_warn("cache: storing works again (%llu put%s had failed)",
+                 (unsigned long long)failed, failed == 1 ? "" : "s");
     failed = unlogged = 0;
     logged = 0;
     return;

@@ -218,8 +218,8 @@ static void exec_create(struct device *dev, struct job *j) {
   }
   if (err < 0) {
     char msg[128];
-    snprintf(msg, sizeof msg, "cannot allocate %llu bytes on %s",
-             (unsigned long long)j->buf->size, dev->id);
+    snprintf(msg, sizeof msg, "cannot allocate %llu byte%s on %s",
+             (unsigned long long)j->buf->size, j->buf->size == 1 ? "" : "s", dev->id);
     fail(j, err, msg);
     return;
   }
@@ -560,8 +560,8 @@ static void exec_task(struct device *dev, struct job *j) {
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_in[i]);
     if (err < 0) {
-      snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for input %d", n,
-               dev->id, i);
+      snprintf(msg, sizeof msg, "cannot allocate %zu byte%s on %s for input %d", n,
+               n == 1 ? "" : "s", dev->id, i);
       goto out;
     }
     t->mem = tmp_in[i];
@@ -584,14 +584,15 @@ static void exec_task(struct device *dev, struct job *j) {
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_out[i]);
     if (err < 0) {
-      snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for output %d", n,
-               dev->id, i);
+      snprintf(msg, sizeof msg, "cannot allocate %zu byte%s on %s for output %d", n,
+               n == 1 ? "" : "s", dev->id, i);
       goto out;
     }
     /* A raw kernel need not write all of its output: what it leaves must
      * not be an earlier request's bytes (the ops write every element). */
     if (op->kind == DSPK_OP_KERNEL && (err = clear_mem(dev, tmp_out[i], n)) < 0) {
-      snprintf(msg, sizeof msg, "cannot clear %zu bytes on %s for output %d", n, dev->id, i);
+      snprintf(msg, sizeof msg, "cannot clear %zu byte%s on %s for output %d", n,
+               n == 1 ? "" : "s", dev->id, i);
       goto out;
     }
     t->mem = tmp_out[i];
@@ -676,7 +677,8 @@ static void exec_task(struct device *dev, struct job *j) {
     host[i] = out_host(dev, n, &pins[i]);
     if (!host[i]) {
       err = DSPK_ENOMEM;
-      snprintf(msg, sizeof msg, "no host memory for output %d (%zu bytes)", i, n);
+      snprintf(msg, sizeof msg, "no host memory for output %d (%zu byte%s)", i, n,
+               n == 1 ? "" : "s");
       goto out;
     }
     if (n && (err = be->read(dev->bdev, res[i].mem, res[i].offset, host[i], n)) < 0) {

@@ -674,9 +674,9 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     compiled_words = nwords;
   } else if (nbytes < 20 || nbytes % 4 || memcmp(spirv, &(const uint32_t){0x07230203}, 4)) {
     r = dspk__vk_fail(ctx, DSPK_EINVAL,
-                      "spirv: not a SPIR-V binary (%zu bytes, needs a multiple of 4 "
+                      "spirv: not a SPIR-V binary (%zu byte%s, needs a multiple of 4 "
                       "starting with the magic 0x07230203)",
-                      nbytes);
+                      nbytes, nbytes == 1 ? "" : "s");
     goto fail;
   }
   /* A client's kernel: its SPIR-V must be valid (vk_spvval.c; Vulkan

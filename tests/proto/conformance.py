@@ -3744,6 +3744,32 @@ def unsent(env):
     check([x["unsent"] for x in st["clients"] if x["self"]] == [0], "nothing unsent")
 
 
+@case("Messages: a count of 1 in the singular; write and read past the end alike",
+      daemon="onebuf")
+def plurals_of_one(env):
+    # "already has 1 buffers", "writing 1 bytes ... of 8 bytes", and a write at
+    # an offset past the end worded otherwise than a read there (probe 14 A8
+    # and its nits)
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 1})["buffer"]
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 8}), "ELIMIT",
+           "this connection already has 1 buffer (max_buffers)")
+    expect(c.call("buffer.write", {"buffer": b, "offset": 1, "data": b"a"}), "ERANGE",
+           "writing 1 byte at offset 1 overruns buffer %d of 1 byte" % b)
+    expect(c.call("buffer.read", {"buffer": b, "offset": 1, "size": 1}), "ERANGE",
+           "reading 1 byte at offset 1 overruns buffer %d of 1 byte" % b)
+    for m, a in (("buffer.write", {"data": b""}), ("buffer.read", {})):
+        expect(c.call(m, dict(a, buffer=b, offset=2)), "ERANGE",
+               "offset 2 is past the end of buffer %d (1 byte)" % b)
+    expect(c.call("task.run", {"op": "reduce", "device": "cpu:0", "inputs": [
+        {"buffer": b, "offset": 0, "dtype": "f32", "shape": [1]}]}), "ERANGE",
+        "4 bytes at offset 0 overrun buffer %d of 1 byte" % b)
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                               "inputs": [{"dtype": "f32", "shape": [1], "data": b"\x01"}]}),
+           "EINVAL", "tensor data has 1 byte, its f32 shape needs 4")
+    still_open(c)
+
+
 @case("Limits: max_buffers", daemon="small")
 def small_buffers(env):
     c = env.conn()
@@ -3888,6 +3914,7 @@ def main():
     configs = {"main": (["--cache", os.path.join(tmp, "cache.db")],
                         os.environ.get("DSPK_TEST_BACKENDS", "cpu,vulkan")),
                "small": (SMALL, "cpu"),
+               "onebuf": (["--max-buffers", "1"], "cpu"),
                "userclients": (["--max-user-clients", "2"], "cpu"),
                "deep": (["--max-depth", "40"], "cpu"),
                "quota": (["--max-conn-memory", "64K", "--max-user-memory", "96K"], "cpu"),
