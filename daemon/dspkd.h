@@ -815,6 +815,9 @@ void dspkd_job_execute(struct device *dev, struct job *j);
  * into the buffer afterwards, so the result is as if every input were read
  * first; the quota counts that block. */
 bool dspkd_out_aliases(const struct job *j, int i);
+/* The input that output i overlaps so (dspkd_out_aliases), the first one,
+ * or -1. */
+int dspkd_out_alias_input(const struct job *j, int i);
 /* Runner: frees the retired blocks (struct mpin) no answer is sent from
  * any more; exiting: forgets the others too (the backend's close releases
  * them). */

@@ -464,11 +464,15 @@ static bool same_memory(const struct dbuf *a, const struct dbuf *b) {
 }
 
 bool dspkd_out_aliases(const struct job *j, int i) {
+  return dspkd_out_alias_input(j, i) >= 0;
+}
+
+int dspkd_out_alias_input(const struct job *j, int i) {
   const struct dspk__op *op = &j->op;
   const struct dspk__tensor *o = &op->out[i];
   uint64_t ob = o->offset, on = dspk__tensor_nbytes(o);
   if (!j->out_buf[i] || on == 0)
-    return false;
+    return -1;
   for (int k = 0; k < op->nin; k++) {
     const struct dspk__tensor *t = &op->in[k];
     uint64_t tb = t->offset, tn = dspk__tensor_nbytes(t);
@@ -477,9 +481,9 @@ bool dspkd_out_aliases(const struct job *j, int i) {
       continue;
     if (op->kind == DSPK_OP_MAP && tb == ob && tn == on)
       continue; /* in place, element by element */
-    return true;
+    return k;
   }
-  return false;
+  return -1;
 }
 
 /* Copies the result that an aliased output was computed into (its own
@@ -584,8 +588,9 @@ static void exec_task(struct device *dev, struct job *j) {
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_out[i]);
     if (err < 0) {
-      snprintf(msg, sizeof msg, "cannot allocate %zu byte%s on %s for output %d", n,
-               n == 1 ? "" : "s", dev->id, i);
+      snprintf(msg, sizeof msg, "cannot allocate %zu byte%s on %s for output %d%s", n,
+               n == 1 ? "" : "s", dev->id, i,
+               aliased[i] ? " (computed apart from its buffer: it overlaps an input)" : "");
       goto out;
     }
     /* A raw kernel need not write all of its output: what it leaves must

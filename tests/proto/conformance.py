@@ -3226,7 +3226,7 @@ def quotas(env):
     x = {"dtype": "f32", "shape": [2500], "data": b"\0" * 10000}
     expect(d.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [x],
                                "options": {"fn": "abs"}}), "ELIMIT", "max_user_memory",
-           "need ")
+           "the task's inline operands and results need ")
     expect(d.call("buffer.share", {"size": 20000}), "ELIMIT", "max_user_memory")
     check(not d.fds, "no descriptor with ELIMIT")
     fd = memfd(20000)
@@ -3240,9 +3240,17 @@ def quotas(env):
     # an output overlapping its input needs a block of its own: counted (a map
     # exactly in place needs none)
     ref = {"buffer": cb, "dtype": "f32", "shape": [9999]}
+    # The message names that block, not "inline operands and results" the task
+    # has none of (probe 14 A6), nor an inline input as results.
     expect(c.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref],
                                "options": {"fn": "abs"}, "outputs": [{"buffer": cb, "offset": 4}]}),
-           "ELIMIT", "max_conn_memory")
+           "ELIMIT", "max_conn_memory", "the result computed apart from outputs[0], which "
+           "overlaps input 0 in buffer %d, needs 39996 bytes of cpu:0" % cb)
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0",
+                               "inputs": [ref, dict(x, shape=[9999], data=b"\0" * 39996)],
+                               "options": {"fn": "add"}, "outputs": [{"buffer": cb, "offset": 4}]}),
+           "ELIMIT", "max_conn_memory", "the task's inline operands and the result computed "
+           "apart from outputs[0], which overlaps input 0 in buffer %d, need 79992 bytes" % cb)
     c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref], "options": {"fn": "abs"},
                       "outputs": [{"buffer": cb}]})
 
