@@ -361,8 +361,8 @@ static void st_clients(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__SC_GID] = cred((uint32_t)c->gid);
     v[DSPK__SC_NAME] = dspk__pv_str(c->name);
     v[DSPK__SC_INFLIGHT] = dspk__pv_uint(dspkd_conn_inflight(c));
-    v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs);
-    v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes);
+    v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs + c->held_bufs);
+    v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes + c->held_bytes);
     v[DSPK__SC_UNSENT] = dspk__pv_uint(c->unsent);
     v[DSPK__SC_REQUESTS] = dspk__pv_uint(c->requests);
     v[DSPK__SC_SELF] = dspk__pv_bool(c == r->c);
@@ -404,8 +404,8 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
     for (const struct conn *c = d->conns; c; c = c->next)
       if (c->job == j) {
         inflight += dspkd_conn_inflight(c);
-        buffers += c->nbufs;
-        bytes += c->buf_bytes;
+        buffers += c->nbufs + c->held_bufs;
+        bytes += c->buf_bytes + c->held_bytes;
       }
     v[DSPK__SJ_JOB] = dspk__pv_uint(j->id);
     v[DSPK__SJ_UID] = dspk__pv_int((int64_t)j->uid);
@@ -507,7 +507,7 @@ static int m_status(struct req *r) {
       x.shown++;
     else {
       x.other_inflight += dspkd_conn_inflight(c);
-      x.other_buffers += c->nbufs;
+      x.other_buffers += c->nbufs + c->held_bufs;
     }
   v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(st_daemon, &x);
   v[DSPK__R_STATUS_CLIENTS] = dspk__pv_pack(st_clients, &x);

@@ -453,8 +453,8 @@ static void render_jobs(struct tbuf *t, const struct dspkd *d, const struct conn
       continue;
     r->v[0]++;
     r->v[1] += dspkd_conn_inflight(c);
-    r->v[2] += c->nbufs;
-    r->v[3] += c->buf_bytes;
+    r->v[2] += c->nbufs + c->held_bufs;
+    r->v[3] += c->buf_bytes + c->held_bytes;
   }
   for (int k = 0; k < 4; k++) {
     char name[48];
