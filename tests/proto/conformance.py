@@ -3116,6 +3116,11 @@ def trace(env):
     c = env.conn()
     for bad in (0, -1, 601, 600.5, "1", None, float("nan"), float("inf"), True):
         expect(c.call("trace", {"seconds": bad}), "EINVAL", "seconds")
+    # a number out of range says what came, as a type error does (probe 14 A nit)
+    for bad, got in ((601, "601"), (float("nan"), "nan"), (-0.0, "-0"),
+                     (600.0000000000001, "600.0000000000001"), (-1, "-1")):
+        expect(c.call("trace", {"seconds": bad}), "EINVAL",
+               "seconds: expected a number in (0, 600], got %s" % got)
     expect(c.call("trace", {}), "EINVAL", "seconds")
     r = c.ok("trace", {"seconds": 0.001})
     check(set(r) == {"start_us", "end_us", "dropped", "devices", "jobs"}, "trace keys %r" % list(r))
