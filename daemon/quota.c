@@ -21,6 +21,7 @@
  *   max_user_partial (checked by daemon/conn.c with these counters).
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -143,6 +144,18 @@ static size_t job_answer(const struct job *j) {
  * overlaps input 0 in buffer 3, needs"): an output over bytes an input reads
  * takes device memory of its own though the task has nothing inline, and
  * the message must say so. */
+/* Appends to out[0..len) (len > 0) at n, the length so far; the new
+ * length, at most len - 1 (cut short there). */
+__attribute__((format(printf, 4, 5))) static size_t cat(char *out, size_t len, size_t n,
+                                                        const char *fmt, ...) {
+  va_list ap;
+  int w;
+  va_start(ap, fmt);
+  w = vsnprintf(out + n, len - n, fmt, ap);
+  va_end(ap);
+  return w < 0 || (size_t)w >= len - n ? len - 1 : n + (size_t)w;
+}
+
 static void task_need_words(const struct job *j, char *out, size_t len) {
   const struct dspk__op *op = &j->op;
   bool in = false, res = false;
@@ -159,8 +172,8 @@ static void task_need_words(const struct job *j, char *out, size_t len) {
   }
   out[0] = '\0';
   if (in || res) {
-    n += (size_t)snprintf(out + n, n < len ? len - n : 0, "the task's inline %s",
-                          in && res ? "operands and results" : in ? "operands" : "results");
+    n = cat(out, len, n, "the task's inline %s",
+            in && res ? "operands and results" : in ? "operands" : "results");
     parts++;
   }
   for (int i = 0, seen = 0; i < op->nout; i++) {
@@ -173,18 +186,15 @@ static void task_need_words(const struct job *j, char *out, size_t len) {
     if (ib != ob) /* another buffer over the same memfd */
       snprintf(same, sizeof same, " (buffer %" PRIu64 ", the same memory)", ib->id);
     seen++;
-    n += (size_t)snprintf(out + n, n < len ? len - n : 0,
-                          "%sthe result computed apart from outputs[%d], which overlaps input "
-                          "%d%s in buffer %" PRIu64,
-                          parts == 0 ? "" : seen == nalias ? " and " : ", ", i, k, same,
-                          ob->id);
+    n = cat(out, len, n,
+            "%sthe result computed apart from outputs[%d], which overlaps input %d%s in "
+            "buffer %" PRIu64,
+            parts == 0 ? "" : seen == nalias ? " and " : ", ", i, k, same, ob->id);
     parts++;
   }
   /* The last part ends with its "which" clause when it is a result
    * computed apart: a comma closes it. */
-  snprintf(out + n, n < len ? len - n : 0, "%s", nalias == 0 ? " need"
-                                                 : parts == 1 ? ", needs"
-                                                              : ", need");
+  cat(out, len, n, "%s", nalias == 0 ? " need" : parts == 1 ? ", needs" : ", need");
 }
 
 static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint64_t held,
