@@ -530,8 +530,8 @@ static int infer_kernel(struct dspk__op *op, char *msg, size_t len) {
       return dspk__fail(msg, len, DSPK_EINVAL, "kernel: argument %d has an unknown kind", i);
     if (a->kind == DSPK__KARG_TENSOR && (a->v.tensor < 0 || a->v.tensor >= op->nin))
       return dspk__fail(msg, len, DSPK_EINVAL,
-                  "kernel: argument %d refers to input %d, there are %d inputs", i,
-                  a->v.tensor, op->nin);
+                  "kernel: argument %d refers to input %d, there %s %d input%s", i,
+                  a->v.tensor, op->nin == 1 ? "is" : "are", op->nin, op->nin == 1 ? "" : "s");
   }
   op->nout = 0;
   return 0;

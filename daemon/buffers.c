@@ -75,6 +75,16 @@ void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b) {
   struct job *j;
   if (!b || --b->refs > 0)
     return;
+  if (b->held_by) { /* its closed connection counts it no more */
+    struct conn *c = b->held_by;
+    for (size_t i = 0; i < c->held_bufs; i++)
+      if (c->bufs[i] == b) {
+        c->bufs[i] = c->bufs[--c->held_bufs];
+        break;
+      }
+    c->held_bytes -= b->size;
+    b->held_by = NULL;
+  }
   /* The memory belongs to the runner: it frees it and this struct, with
    * the job reserved at creation (found by tests/oom: a failed allocation
    * here leaked the buffer). */

@@ -1354,11 +1354,12 @@ void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long lon
     return;
   }
   dspkd_warn("file descriptors: RLIMIT_NOFILE %llu (hard limit %llu) is below the %llu that "
-             "max_clients %zu connections may need (%d each with their pending "
+             "max_clients %zu connection%s may need (%d each with their pending "
              "buffer.import descriptors, plus %d for the daemon's own files): raise the hard "
              "limit (LimitNOFILE= in the unit, or ulimit -Hn) or lower max_clients "
              "(docs/admin.md, \"File descriptors\")", (unsigned long long)rl.rlim_cur,
-             (unsigned long long)rl.rlim_max, need, cfg->max_clients, 1 + DSPKD_MAX_FDS,
+             (unsigned long long)rl.rlim_max, need, cfg->max_clients,
+             cfg->max_clients == 1 ? "" : "s", 1 + DSPKD_MAX_FDS,
              DSPKD_LINGER_MAX + DSPKD_NOFILE_RESERVE);
 }
 

@@ -436,6 +436,8 @@ void dspkd_conn_unref(struct conn *c) {
     dspkd_shm_share_count(c, -(int)c->share_fds);
   dspkd_user_put(d, c->user);
   dspkd_job_conn_gone(c);
+  for (size_t i = 0; i < c->held_bufs; i++) /* none is left once its jobs are gone */
+    c->bufs[i]->held_by = NULL;
   free(c->bufs);
   dspkd_sched_conn_free(c->q);
   free(c->mem);
@@ -484,12 +486,22 @@ void dspkd_conn_close(struct conn *c, const char *why) {
   }
   dspkd_sched_cancel_all(d, c);
   dspkd_shm_conn_park(c); /* its answers' descriptors the client has not read */
-  for (size_t i = 0; i < c->nbufs; i++) {
-    dspkd_quota_buf(c, c->bufs[i], -1);
-    dspkd_dbuf_unref(d, c->bufs[i]);
-  }
+  /* The table's references go; a buffer a job still holds stays allocated
+   * until that job lets go: kept in bufs[0..held_bufs) so that status and
+   * metrics count it until then (dspkd_dbuf_unref takes it out). */
+  size_t nb = c->nbufs;
   c->nbufs = 0;
   c->buf_bytes = 0;
+  for (size_t i = 0; i < nb; i++) {
+    struct dbuf *b = c->bufs[i];
+    dspkd_quota_buf(c, b, -1);
+    if (b->refs > 1) {
+      b->held_by = c;
+      c->bufs[c->held_bufs++] = b;
+      c->held_bytes += b->size;
+    }
+    dspkd_dbuf_unref(d, b);
+  }
   uv_close((uv_handle_t *)&c->pipe, on_conn_close);
 }
 
@@ -1567,7 +1579,8 @@ static void accept_fd(struct dspkd *d, int fd) {
       snprintf(msg, sizeof msg, "more than %zu connections (max_clients %zu and %zu more for "
                "admins)", d->cfg.max_clients + extra, d->cfg.max_clients, extra);
     else
-      snprintf(msg, sizeof msg, "more than %zu connections (max_clients)", d->cfg.max_clients);
+      snprintf(msg, sizeof msg, "more than %zu connection%s (max_clients)", d->cfg.max_clients,
+               d->cfg.max_clients == 1 ? "" : "s");
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }

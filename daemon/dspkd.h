@@ -194,6 +194,9 @@ struct dbuf {
   struct mpin *pin;      /* runner only: answers sent from mem, or NULL */
   int landing;           /* loop only: its refs held by buffer.write jobs whose
                             data the loop received into mem itself (landed) */
+  struct conn *held_by;  /* loop only: the closed connection whose table held
+                            it while a job still holds it (in its held list,
+                            counted by status and metrics until it is freed) */
 };
 
 /* One connection's FIFO of jobs for one device (daemon/sched.c). */
@@ -400,9 +403,15 @@ struct conn {
   size_t inflight;          /* device jobs not yet answered (c->jobs); with
                              * owed: dspkd_conn_inflight() */
   struct job *jobs;         /* in-flight jobs */
-  struct dbuf **bufs;       /* sorted by id */
+  struct dbuf **bufs;       /* sorted by id; once closing, the held ones */
   size_t nbufs, capbufs;
   uint64_t buf_bytes;
+  /* Closing: the buffers of its table that jobs still hold (bufs[0..
+   * held_bufs)), whose memory is freed when the last job lets go; status,
+   * the per-job metrics and job.end count them as the connection's until
+   * then (a 512 MiB buffer under a running FFT stays allocated). */
+  size_t held_bufs;
+  uint64_t held_bytes;
   struct cqueue *q;         /* [d->ndevs] */
   /* daemon/quota.c */
   struct duser *user;       /* this uid's counters (NULL until accepted) */
@@ -828,6 +837,9 @@ void dspkd_job_execute(struct device *dev, struct job *j);
  * into the buffer afterwards, so the result is as if every input were read
  * first; the quota counts that block. */
 bool dspkd_out_aliases(const struct job *j, int i);
+/* The input that output i overlaps so (dspkd_out_aliases), the first one,
+ * or -1. */
+int dspkd_out_alias_input(const struct job *j, int i);
 /* Runner: frees the retired blocks (struct mpin) no answer is sent from
  * any more; exiting: forgets the others too (the backend's close releases
  * them). */

@@ -742,8 +742,8 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
   if (n == 2 && strcmp(w[0], "end") == 0 && parse_num(w[1], 0, UINT64_MAX, &count) == 0) {
     if (count == p->njobs + p->nended)
       return 1;
-    snprintf(why, len, "\"end %" PRIu64 "\" but %zu records", count,
-             p->njobs + (size_t)p->nended);
+    snprintf(why, len, "\"end %" PRIu64 "\" but %zu record%s", count,
+             p->njobs + (size_t)p->nended, p->njobs + (size_t)p->nended == 1 ? "" : "s");
     return -1;
   }
   snprintf(why, len, "expected job, ended or end");

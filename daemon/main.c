@@ -40,8 +40,9 @@
 
 /* Fills cfg->socket_path, unless the option or the file set it, from
  * $DSPK_SOCKET or the default, and creates the default's directory when
- * create is set.  0 or -1 (logged). */
-static int socket_path(struct dspkd_config *cfg, bool create) {
+ * create is set; end_job: for dspkd --end-job, whose refusal names
+ * --job-state too.  0 or -1 (logged). */
+static int socket_path(struct dspkd_config *cfg, bool create, bool end_job) {
   const char *env = getenv("DSPK_SOCKET");
   const char *given = NULL;
   char dir[sizeof cfg->socket_path];
@@ -65,8 +66,11 @@ static int socket_path(struct dspkd_config *cfg, bool create) {
     const char *rt = getenv("XDG_RUNTIME_DIR");
     /* A relative one is ignored (the XDG Base Directory specification). */
     if (!rt || rt[0] != '/') {
-      dspkd_error("XDG_RUNTIME_DIR is %s: give the socket with --socket PATH",
-                  rt && *rt ? "not an absolute path" : "not set");
+      dspkd_error("XDG_RUNTIME_DIR is %s: give the socket with --socket PATH%s",
+                  !rt ? "not set" : !*rt ? "empty" : "not an absolute path",
+                  end_job ? ", or the state file with --job-state PATH (for --end-job "
+                            "enough alone)"
+                          : "");
       return -1;
     }
     n = snprintf(dir, sizeof dir, "%s/dspk", rt);
@@ -302,8 +306,8 @@ static void cache_put_result(void *ud, int kind, int err, const char *detail) {
   (void)ud;
   if (err == 0) {
     if (failed)
-      dspkd_warn("cache: storing works again (%llu puts had failed)",
-                 (unsigned long long)failed);
+      dspkd_warn("cache: storing works again (%llu put%s had failed)",
+                 (unsigned long long)failed, failed == 1 ? "" : "s");
     failed = unlogged = 0;
     logged = 0;
     return;
@@ -541,7 +545,7 @@ int main(int argc, char **argv) {
     }
     /* A job_state given needs no socket (dspkd_paths_start checks it
      * against the default one when there is one). */
-    if ((!cfg->job_state && socket_path(cfg, false) != 0) || dspkd_paths_start(cfg, 0) != 0)
+    if ((!cfg->job_state && socket_path(cfg, false, true) != 0) || dspkd_paths_start(cfg, 0) != 0)
       return 2;
     int r = dspkd_jobstate_end_offline(d, cfg->end_job, said, sizeof said);
     /* The outcome on stdout, whatever the log level: the epilog tells
@@ -565,7 +569,7 @@ int main(int argc, char **argv) {
   }
   if (activated)
     note_unused_socket(given_socket, cfg->socket_path);
-  else if (socket_path(cfg, true) != 0)
+  else if (socket_path(cfg, true, false) != 0)
     return 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||

@@ -361,8 +361,8 @@ static void st_clients(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__SC_GID] = cred((uint32_t)c->gid);
     v[DSPK__SC_NAME] = dspk__pv_str(c->name);
     v[DSPK__SC_INFLIGHT] = dspk__pv_uint(dspkd_conn_inflight(c));
-    v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs);
-    v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes);
+    v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs + c->held_bufs);
+    v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes + c->held_bytes);
     v[DSPK__SC_UNSENT] = dspk__pv_uint(c->unsent);
     v[DSPK__SC_REQUESTS] = dspk__pv_uint(c->requests);
     v[DSPK__SC_SELF] = dspk__pv_bool(c == r->c);
@@ -404,8 +404,8 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
     for (const struct conn *c = d->conns; c; c = c->next)
       if (c->job == j) {
         inflight += dspkd_conn_inflight(c);
-        buffers += c->nbufs;
-        bytes += c->buf_bytes;
+        buffers += c->nbufs + c->held_bufs;
+        bytes += c->buf_bytes + c->held_bytes;
       }
     v[DSPK__SJ_JOB] = dspk__pv_uint(j->id);
     v[DSPK__SJ_UID] = dspk__pv_int((int64_t)j->uid);
@@ -507,7 +507,7 @@ static int m_status(struct req *r) {
       x.shown++;
     else {
       x.other_inflight += dspkd_conn_inflight(c);
-      x.other_buffers += c->nbufs;
+      x.other_buffers += c->nbufs + c->held_bufs;
     }
   v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(st_daemon, &x);
   v[DSPK__R_STATUS_CLIENTS] = dspk__pv_pack(st_clients, &x);
@@ -531,15 +531,15 @@ static struct dbuf *arg_buffer(struct req *r, int i, int *err) {
 int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size) {
   struct conn *c = r->c;
   if (dev->info.memory && size > dev->info.memory)
-    return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
-                size, dev->id, dev->info.memory);
+    return fail(r, DSPK_ENOMEM, "%" PRIu64 " byte%s is more than %s has (%" PRIu64 ")",
+                size, size == 1 ? "" : "s", dev->id, dev->info.memory);
   if (size > SIZE_MAX / 2)
     return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s can allocate", size,
                 dev->id);
   /* Creates still in flight count: pipelined creates cannot overshoot. */
   if (c->nbufs + c->creating >= c->d->cfg.max_buffers)
-    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",
-                c->nbufs + c->creating);
+    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffer%s (max_buffers)",
+                c->nbufs + c->creating, c->nbufs + c->creating == 1 ? "" : "s");
   return 0;
 }
 
@@ -616,9 +616,14 @@ static int m_buffer_write(struct req *r) {
     return err;
   if ((err = device_ok(r, b->dev)) < 0)
     return err;
-  if (off > b->size || len > b->size - off)
-    return fail(r, DSPK_ERANGE, "writing %zu bytes at offset %" PRIu64
-                " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", len, off, b->id, b->size);
+  /* Worded as buffer.read words the same cases. */
+  if (off > b->size)
+    return fail(r, DSPK_ERANGE, "offset %" PRIu64 " is past the end of buffer %" PRIu64
+                " (%" PRIu64 " byte%s)", off, b->id, b->size, b->size == 1 ? "" : "s");
+  if (len > b->size - off)
+    return fail(r, DSPK_ERANGE, "writing %zu byte%s at offset %" PRIu64
+                " overruns buffer %" PRIu64 " of %" PRIu64 " byte%s", len, len == 1 ? "" : "s",
+                off, b->id, b->size, b->size == 1 ? "" : "s");
   if (!(j = dspkd_job_new(r->c, JOB_BUF_WRITE, r->msgid, b->dev)))
     return DSPK_ENOMEM;
   dspkd_dbuf_ref(b);
@@ -696,11 +701,12 @@ static int m_buffer_read(struct req *r) {
     return err;
   if (off > b->size)
     return fail(r, DSPK_ERANGE, "offset %" PRIu64 " is past the end of buffer %" PRIu64
-                " (%" PRIu64 " bytes)", off, b->id, b->size);
+                " (%" PRIu64 " byte%s)", off, b->id, b->size, b->size == 1 ? "" : "s");
   size = r->v[DSPK__BREAD_SIZE].set ? r->v[DSPK__BREAD_SIZE].v.u : b->size - off;
   if (size > b->size - off)
-    return fail(r, DSPK_ERANGE, "reading %" PRIu64 " bytes at offset %" PRIu64
-                " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", size, off, b->id, b->size);
+    return fail(r, DSPK_ERANGE, "reading %" PRIu64 " byte%s at offset %" PRIu64
+                " overruns buffer %" PRIu64 " of %" PRIu64 " byte%s", size,
+                size == 1 ? "" : "s", off, b->id, b->size, b->size == 1 ? "" : "s");
   if (size > max)
     return fail(r, DSPK_ELIMIT, "reading %" PRIu64 " bytes at once; the reply may hold at "
                 "most %" PRIu64 " (max_message): read in pieces", size, max);
@@ -1018,8 +1024,10 @@ static int task_run(struct req *r, char *devname) {
       goto fail;
     }
     if (wt.offset > b->size || wt.nbytes > b->size - wt.offset) {
-      err = fail(r, DSPK_ERANGE, "%s: %zu bytes at offset %" PRIu64 " overrun buffer %"
-                 PRIu64 " of %" PRIu64 " bytes", what, wt.nbytes, wt.offset, b->id, b->size);
+      err = fail(r, DSPK_ERANGE, "%s: %zu byte%s at offset %" PRIu64 " overrun%s buffer %"
+                 PRIu64 " of %" PRIu64 " byte%s", what, wt.nbytes, wt.nbytes == 1 ? "" : "s",
+                 wt.offset, wt.nbytes == 1 ? "s" : "", b->id, b->size,
+                 b->size == 1 ? "" : "s");
       goto fail;
     }
     if ((err = pin(r, &pinned, b->dev, what, b->id)))
@@ -1076,8 +1084,8 @@ static int task_run(struct req *r, char *devname) {
     }
     if (off > b->size || nb > b->size - off) {
       err = fail(r, DSPK_ERANGE, "%s: the %zu-byte result at offset %" PRIu64
-                 " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", what, nb, off, b->id,
-                 b->size);
+                 " overruns buffer %" PRIu64 " of %" PRIu64 " byte%s", what, nb, off, b->id,
+                 b->size, b->size == 1 ? "" : "s");
       goto fail;
     }
     if ((err = pin(r, &pinned, b->dev, what, b->id)))

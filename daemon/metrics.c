@@ -12,6 +12,7 @@
  * and devices.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
@@ -452,8 +453,8 @@ static void render_jobs(struct tbuf *t, const struct dspkd *d, const struct conn
       continue;
     r->v[0]++;
     r->v[1] += dspkd_conn_inflight(c);
-    r->v[2] += c->nbufs;
-    r->v[3] += c->buf_bytes;
+    r->v[2] += c->nbufs + c->held_bufs;
+    r->v[3] += c->buf_bytes + c->held_bytes;
   }
   for (int k = 0; k < 4; k++) {
     char name[48];
@@ -663,13 +664,35 @@ static enum MHD_Result respond_msg(struct MHD_Connection *conn, unsigned status,
 /* The request's header lines that matter to a GET without a body. */
 struct hdr_count {
   int content_length, host;
-  bool body; /* a Content-Length other than 0 (an empty one too), a Transfer-Encoding */
+  bool body;     /* a Content-Length other than 0 (an empty one too), a Transfer-Encoding */
+  bool bad_name; /* a field name that is no token (RFC 9110 5.1): a folded line */
+  const char *host_like; /* a name longer than "Host" that begins with it */
 };
+
+/* Whether s is a token of RFC 9110 5.6.2, as every field name must be. */
+static bool is_token(const char *s) {
+  static const char extra[] = "!#$%&'*+-.^_`|~";
+  if (!*s)
+    return false;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && !strchr(extra, *s))
+      return false;
+  return true;
+}
 
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                     const char *value) {
   struct hdr_count *hc = cls;
   (void)kind;
+  /* libmicrohttpd 0.9 joins a folded line (obs-fold, a line that begins
+   * with a space or a tab) to the name of the field before it, not to its
+   * value: "Host: x" then " Folded: y" comes as the field "HostFolded: y"
+   * with the value "x".  A name with a space or a ':' in it is that, or a
+   * malformed line: refused as one (RFC 9112 5.2 allows a 400), rather
+   * than reported as the Host line it hid. */
+  hc->bad_name |= !is_token(key);
+  if (strncasecmp(key, MHD_HTTP_HEADER_HOST, 4) == 0 && key[4] && !hc->host_like)
+    hc->host_like = key; /* "Host" and a folded word: "Hostz" */
   if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
     hc->content_length++;
     hc->body |= !value || !*value || strspn(value, "0") != strlen(value);
@@ -715,16 +738,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     /* Every header line is looked at, not the first of a name: two
      * Content-Length (or Host) lines are a malformed request (RFC 9112
      * 6.3, RFC 9110 7.2) that a proxy in front may read otherwise. */
-    struct hdr_count hc = {0, 0, false};
+    struct hdr_count hc = {0, 0, false, false, NULL};
     MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &hc);
+    if (hc.bad_name)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST,
+                         "malformed header line (a line folded onto the one before it, "
+                         "obs-fold, or a field name that is no token)\n");
     if (hc.content_length > 1)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Content-Length header\n");
     if (hc.host > 1)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Host header\n");
     /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 (HTTP/1.0
      * has none to give; libmicrohttpd refuses other versions itself). */
-    if (hc.host == 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0)
-      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "no Host header (HTTP/1.1 needs one)\n");
+    if (hc.host == 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0) {
+      char msg[256];
+      if (!hc.host_like)
+        return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "no Host header (HTTP/1.1 needs one)\n");
+      /* The name is a token (bad_name above): nothing to escape. */
+      snprintf(msg, sizeof msg,
+               "no Host header (HTTP/1.1 needs one; the field \"%.64s\" may be a Host line "
+               "with a line folded onto it, obs-fold, which is not accepted)\n",
+               hc.host_like);
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, msg);
+    }
     if (hc.body)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "GET /metrics takes no body\n");
   }

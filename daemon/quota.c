@@ -21,6 +21,7 @@
  *   max_user_partial (checked by daemon/conn.c with these counters).
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -138,13 +139,74 @@ static size_t job_answer(const struct job *j) {
   }
 }
 
+/* What job_mem counted for a task, in words, with its verb ("the task's
+ * inline operands need", "the result computed apart from outputs[0], which
+ * overlaps input 0 in buffer 3, needs"): an output over bytes an input reads
+ * takes device memory of its own though the task has nothing inline, and
+ * the message must say so. */
+/* Appends to out[0..len) (len > 0) at n, the length so far; the new
+ * length, at most len - 1 (cut short there). */
+__attribute__((format(printf, 4, 5))) static size_t cat(char *out, size_t len, size_t n,
+                                                        const char *fmt, ...) {
+  va_list ap;
+  int w;
+  va_start(ap, fmt);
+  w = vsnprintf(out + n, len - n, fmt, ap);
+  va_end(ap);
+  return w < 0 || (size_t)w >= len - n ? len - 1 : n + (size_t)w;
+}
+
+static void task_need_words(const struct job *j, char *out, size_t len) {
+  const struct dspk__op *op = &j->op;
+  bool in = false, res = false;
+  int parts = 0, nalias = 0;
+  size_t n = 0;
+
+  for (int i = 0; i < op->nin; i++)
+    in |= !j->in_buf[i] && dspk__tensor_nbytes(&op->in[i]) > 0;
+  for (int i = 0; i < op->nout; i++) {
+    if (!j->out_buf[i])
+      res |= dspk__tensor_nbytes(&op->out[i]) > 0;
+    else if (dspkd_out_aliases(j, i))
+      nalias++;
+  }
+  out[0] = '\0';
+  if (in || res) {
+    n = cat(out, len, n, "the task's inline %s",
+            in && res ? "operands and results" : in ? "operands" : "results");
+    parts++;
+  }
+  for (int i = 0, seen = 0; i < op->nout; i++) {
+    int k = dspkd_out_alias_input(j, i);
+    const struct dbuf *ob = j->out_buf[i], *ib;
+    char same[64] = "";
+    if (k < 0)
+      continue;
+    ib = j->in_buf[k];
+    if (ib != ob) /* another buffer over the same memfd */
+      snprintf(same, sizeof same, " (buffer %" PRIu64 ", the same memory)", ib->id);
+    seen++;
+    n = cat(out, len, n,
+            "%sthe result computed apart from outputs[%d], which overlaps input %d%s in "
+            "buffer %" PRIu64,
+            parts == 0 ? "" : seen == nalias ? " and " : ", ", i, k, same, ob->id);
+    parts++;
+  }
+  /* The last part ends with its "which" clause when it is a result
+   * computed apart: a comma closes it. */
+  cat(out, len, n, "%s", nalias == 0 ? " need" : parts == 1 ? ", needs" : ", need");
+}
+
 static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint64_t held,
                 uint64_t lim, const char *who, const char *key) {
+  char what[512];
+  if (j->kind == JOB_BUF_CREATE)
+    snprintf(what, sizeof what, "the buffer needs");
+  else
+    task_need_words(j, what, sizeof what);
   snprintf(msg, len, "%s %" PRIu64 " byte%s of %s, and %s already holds %" PRIu64
            " of the %" PRIu64 " it may (%s)",
-           j->kind == JOB_BUF_CREATE ? "the buffer needs"
-                                     : "the task's inline operands and results need",
-           need, need == 1 ? "" : "s", j->dev->id, who, held, lim, key);
+           what, need, need == 1 ? "" : "s", j->dev->id, who, held, lim, key);
   return DSPK_ELIMIT;
 }
 

@@ -530,8 +530,8 @@ int dspkd_m_buffer_import(struct req *r) {
     goto out;
   }
   if ((uint64_t)st.st_size < size) {
-    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd has %lld bytes, fewer than size "
-               "%" PRIu64, (long long)st.st_size, size);
+    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd has %lld byte%s, fewer than size "
+               "%" PRIu64, (long long)st.st_size, st.st_size == 1 ? "" : "s", size);
     goto out;
   }
   host = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

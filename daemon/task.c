@@ -218,8 +218,8 @@ static void exec_create(struct device *dev, struct job *j) {
   }
   if (err < 0) {
     char msg[128];
-    snprintf(msg, sizeof msg, "cannot allocate %llu bytes on %s",
-             (unsigned long long)j->buf->size, dev->id);
+    snprintf(msg, sizeof msg, "cannot allocate %llu byte%s on %s",
+             (unsigned long long)j->buf->size, j->buf->size == 1 ? "" : "s", dev->id);
     fail(j, err, msg);
     return;
   }
@@ -464,11 +464,15 @@ static bool same_memory(const struct dbuf *a, const struct dbuf *b) {
 }
 
 bool dspkd_out_aliases(const struct job *j, int i) {
+  return dspkd_out_alias_input(j, i) >= 0;
+}
+
+int dspkd_out_alias_input(const struct job *j, int i) {
   const struct dspk__op *op = &j->op;
   const struct dspk__tensor *o = &op->out[i];
   uint64_t ob = o->offset, on = dspk__tensor_nbytes(o);
   if (!j->out_buf[i] || on == 0)
-    return false;
+    return -1;
   for (int k = 0; k < op->nin; k++) {
     const struct dspk__tensor *t = &op->in[k];
     uint64_t tb = t->offset, tn = dspk__tensor_nbytes(t);
@@ -477,9 +481,9 @@ bool dspkd_out_aliases(const struct job *j, int i) {
       continue;
     if (op->kind == DSPK_OP_MAP && tb == ob && tn == on)
       continue; /* in place, element by element */
-    return true;
+    return k;
   }
-  return false;
+  return -1;
 }
 
 /* Copies the result that an aliased output was computed into (its own
@@ -560,8 +564,8 @@ static void exec_task(struct device *dev, struct job *j) {
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_in[i]);
     if (err < 0) {
-      snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for input %d", n,
-               dev->id, i);
+      snprintf(msg, sizeof msg, "cannot allocate %zu byte%s on %s for input %d", n,
+               n == 1 ? "" : "s", dev->id, i);
       goto out;
     }
     t->mem = tmp_in[i];
@@ -584,14 +588,16 @@ static void exec_task(struct device *dev, struct job *j) {
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_out[i]);
     if (err < 0) {
-      snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for output %d", n,
-               dev->id, i);
+      snprintf(msg, sizeof msg, "cannot allocate %zu byte%s on %s for output %d%s", n,
+               n == 1 ? "" : "s", dev->id, i,
+               aliased[i] ? " (computed apart from its buffer: it overlaps an input)" : "");
       goto out;
     }
     /* A raw kernel need not write all of its output: what it leaves must
      * not be an earlier request's bytes (the ops write every element). */
     if (op->kind == DSPK_OP_KERNEL && (err = clear_mem(dev, tmp_out[i], n)) < 0) {
-      snprintf(msg, sizeof msg, "cannot clear %zu bytes on %s for output %d", n, dev->id, i);
+      snprintf(msg, sizeof msg, "cannot clear %zu byte%s on %s for output %d", n,
+               n == 1 ? "" : "s", dev->id, i);
       goto out;
     }
     t->mem = tmp_out[i];
@@ -676,7 +682,8 @@ static void exec_task(struct device *dev, struct job *j) {
     host[i] = out_host(dev, n, &pins[i]);
     if (!host[i]) {
       err = DSPK_ENOMEM;
-      snprintf(msg, sizeof msg, "no host memory for output %d (%zu bytes)", i, n);
+      snprintf(msg, sizeof msg, "no host memory for output %d (%zu byte%s)", i, n,
+               n == 1 ? "" : "s");
       goto out;
     }
     if (n && (err = be->read(dev->bdev, res[i].mem, res[i].offset, host[i], n)) < 0) {

@@ -21,6 +21,7 @@
  * client 0, job nil, msgid 0, no error, no queue wait, no phases.
  * Loop thread only, except the rings (each guarded by its device's mutex).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -256,7 +257,16 @@ int dspkd_m_trace(struct req *r) {
   int nadmin = 0, nother = 0, nuid = 0;
 
   if (!(seconds > 0 && seconds <= TRACE_MAX_S)) {
-    snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g]", TRACE_MAX_S);
+    /* What came, as the type errors say it: the shortest form that reads
+     * back as the same double ("601", "-0", "nan", "600.0000000000001"). */
+    char got[40];
+    for (int prec = 15; prec <= 17; prec++) {
+      snprintf(got, sizeof got, "%.*g", prec, seconds);
+      if (isnan(seconds) || strtod(got, NULL) == seconds)
+        break;
+    }
+    snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g], got %s",
+             TRACE_MAX_S, got);
     return DSPK_EINVAL;
   }
   if (d->stopping) {

@@ -419,8 +419,8 @@ int dspk__tensor_decode(const msgpack_object *o,
                   v && v->type != MSGPACK_OBJECT_NIL ? dspk__obj_what(v, w, sizeof w) : "");
     if (slen != t.nbytes)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor data has %zu bytes, its %s shape needs %zu",
-                  slen, dspk__dtype_name(t.dtype), t.nbytes);
+                  "tensor data has %zu byte%s, its %s shape needs %zu",
+                  slen, slen == 1 ? "" : "s", dspk__dtype_name(t.dtype), t.nbytes);
   }
   *out = t;
   return 0;

@@ -175,9 +175,9 @@ static ssize_t scan(const void *buf, size_t len, const struct dspk__limits *lim,
      * so the sums cannot overflow). */
     if (payload + owed > room)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "str/bin of %" PRIu64 " bytes at offset %zu makes the "
+                  "str/bin of %" PRIu64 " byte%s at offset %zu makes the "
                   "message at least %" PRIu64 " bytes, more than %zu "
-                  "(max_message)", payload, pos,
+                  "(max_message)", payload, payload == 1 ? "" : "s", pos,
                   (uint64_t)(pos + hdr) + payload + owed, maxmsg);
     if (children + owed > room)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,

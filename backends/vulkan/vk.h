@@ -461,8 +461,8 @@ static inline struct dspk__vk_bind dspk__vk_bind_temp(const struct dspk__mem *m)
  * its offset (the devices answer's max_tensor_bytes): a binding starts at
  * the tensor's offset aligned down to minStorageBufferOffsetAlignment (at
  * least 4), up to that less one byte before it, and ends at a multiple of
- * 4, so maxStorageBufferRange down to a multiple of 4, less the alignment
- * and one. */
+ * 4, so maxStorageBufferRange down to a multiple of 4, less one less than
+ * the alignment: range - (alignment - 1). */
 uint64_t dspk__vk_max_tensor_bytes(const VkPhysicalDeviceLimits *l);
 /* Binds a tensor: the buffer range starting at an offset aligned down to
  * the device's storage-buffer alignment; *elem gets the tensor's first

@@ -674,9 +674,9 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     compiled_words = nwords;
   } else if (nbytes < 20 || nbytes % 4 || memcmp(spirv, &(const uint32_t){0x07230203}, 4)) {
     r = dspk__vk_fail(ctx, DSPK_EINVAL,
-                      "spirv: not a SPIR-V binary (%zu bytes, needs a multiple of 4 "
+                      "spirv: not a SPIR-V binary (%zu byte%s, needs a multiple of 4 "
                       "starting with the magic 0x07230203)",
-                      nbytes);
+                      nbytes, nbytes == 1 ? "" : "s");
     goto fail;
   }
   /* A client's kernel: its SPIR-V must be valid (vk_spvval.c; Vulkan
@@ -817,14 +817,20 @@ int dspk__vk_bind_named(struct dspk__dev *d, const struct dspk__tensor *t,
     return dspk__vk_fail(ctx, r, "vulkan: %s starts at byte offset %zu, not a multiple of "
                                  "its element size (%zu bytes)",
                          what, t->offset, es);
+  /* The arithmetic of dspk__vk_max_tensor_bytes, in words that add up:
+   * the range (down to a multiple of 4) less the alignment less one. */
+  unsigned long long range = d->props.limits.maxStorageBufferRange;
+  unsigned long long range4 = range & ~3ull;
+  char down[64] = "";
+  if (range4 != range)
+    snprintf(down, sizeof down, " down to a multiple of 4, %llu,", range4);
   return dspk__vk_fail(ctx, r, "vulkan: %s (%zu bytes) is larger than one binding of this "
                                "device can be at any offset: %llu bytes (max_tensor_bytes "
-                               "in devices: maxStorageBufferRange %llu less the storage "
-                               "buffers' offset alignment %llu and one)",
+                               "in devices: maxStorageBufferRange %llu%s less %llu, one less "
+                               "than the storage buffers' offset alignment %llu)",
                        what, dspk__tensor_nbytes(t),
-                       (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits),
-                       (unsigned long long)d->props.limits.maxStorageBufferRange,
-                       (unsigned long long)d->align);
+                       (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits), range,
+                       down, (unsigned long long)d->align - 1, (unsigned long long)d->align);
 }
 
 /* Binds k, its bindings and push constants in the open command buffer

@@ -194,6 +194,7 @@ def run(exe, submit, epilog, tmp, case=None):
             return 0 if hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu) else 77
         if case == "ending":
             d.stop()
+            daemon_check(Daemon(exe, tmp), ending)
             daemon_check(Daemon(exe, tmp), ending_again)
             return 0
         if case == "cgroup":
@@ -381,6 +382,16 @@ def run(exe, submit, epilog, tmp, case=None):
         # the job's too: closed and counted (it outlived the job)
         cz = d.client(job=101)
         cz.call("ping", {})
+        # ... and so cannot end it, as a decided connection of it cannot (it ended
+        # the job, closed the other connections and spared itself: probe 14 A9)
+        e = err_of(cz, "job.end", {"job": 101})
+        check(e[0] == "EINVAL" and e[1].endswith(
+            "this connection is of Slurm job 101 (its hello claims it; it has not asked for "
+            "a device yet) and cannot end it"),
+              "job.end from a claimant of the job: %r" % (e,))
+        check(status_job(admin, 101) is not None and not status_job(admin, 101)["ended"],
+              "a refused job.end ends nothing")
+        cz.call("ping", {})
         ans = admin.call("job.end", {"job": 101})
         check(ans["ended"] and ans["connections"] == 3 and ans["buffers"] == 2,
               "job.end 101: %r" % ans)
@@ -502,16 +513,23 @@ def run(exe, submit, epilog, tmp, case=None):
     return 0
 
 
-def ending_job(d, admin, job, n=1536):
+def ending_job(d, admin, job, n=1536, held=False):
     """Registers job for this uid with the Vulkan device, starts a gemm there from a
     connection of the job (lavapipe: it runs for a while, and a cancel does not stop a
     dispatch), ends the job from a second admin connection and waits until status shows
-    it ending with its connection still there.  The job's connection, and the
-    job.end's connection and msgid."""
+    it ending with its connection still there.  held: the gemm's A is a buffer of the
+    job's connection (held by the running gemm after the close).  The job's connection,
+    and the job.end's connection and msgid."""
     gpu = [x for x in admin.call("devices", {})["devices"] if x["backend"] == "vulkan"][0]
     admin.call("job.register", {"job": job, "uid": os.getuid(), "devices": [gpu["uuid"]]})
     cj = d.client(job=job)
-    cj.send("task.run", gemm_args(gpu["id"], n)[0])
+    args = gemm_args(gpu["id"], n)[0]
+    if held:
+        a = args["inputs"][0]
+        b = cj.call("buffer.create", {"device": gpu["id"], "size": len(a["data"])})["buffer"]
+        cj.call("buffer.write", {"buffer": b, "data": a["data"]})
+        args["inputs"][0] = {"buffer": b, "dtype": "f32", "shape": a["shape"]}
+    cj.send("task.run", args)
     while not (status_job(admin, job) or {}).get("inflight"):
         pass
     ender = d.client()
@@ -530,11 +548,24 @@ def ending(d):
     and gets the same answer (it answered {ended: false} at once, while the job's work
     still ran)."""
     admin = d.client()
-    cj, ender, first = ending_job(d, admin, 91)
+    n = 2048
+    cj, ender, first = ending_job(d, admin, 91, n, held=True)
+    # Its buffer stays allocated under the running gemm: status, the per-job metrics
+    # and the client row count it until it is freed, as the job.end answer does (they
+    # said 0 while the answer said 1: probe 14 A5)
+    j = status_job(admin, 91)
+    st = [x for x in admin.call("status", {})["clients"] if x["job"] == 91]
+    got = dict(x.rsplit(" ", 1) for x in metrics(admin).splitlines()
+               if x.startswith("dspk_slurm_job_buffer"))
+    check((j["buffers"], j["buffer_bytes"]) == (1, 4 * n * n) and
+          [(x["buffers"], x["buffer_bytes"]) for x in st] == [(1, 4 * n * n)] and
+          got == {'dspk_slurm_job_buffers{job="91"}': "1",
+                  'dspk_slurm_job_buffer_bytes{job="91"}': str(4 * n * n)},
+          "job 91 ending holds its buffer: %r %r %r" % (j, st, got))
     a2 = admin.call("job.end", {"job": 91})
     a1 = ender.wait(first)
-    check(a1["ended"] and a1 == a2 and a1["connections"] == 1 and a1["inflight"] == 1,
-          "job.end twice: %r %r" % (a1, a2))
+    check(a1["ended"] and a1 == a2 and a1["connections"] == 1 and a1["inflight"] == 1 and
+          a1["buffers"] == 1, "job.end twice: %r %r" % (a1, a2))
     cj.expect_eof()
     check(admin.call("job.end", {"job": 91})["ended"] is False, "job.end once it has ended")
 

@@ -30,6 +30,7 @@ import json
 import math
 import mmap
 import os
+import re
 import shutil
 import socket
 import struct
@@ -2741,6 +2742,16 @@ def vulkan_max_tensor(env):
         return {"buffer": buf, "offset": off, "dtype": "f32", "shape": shape}
     small = ref([1, 1])
     want = ("%d bytes" % (4 * n), "maxStorageBufferRange", "%d bytes" % lim, "max_tensor_bytes")
+    # The message's arithmetic adds up: "maxStorageBufferRange R less A-1, one
+    # less than the storage buffers' offset alignment A" is lim (it said "less
+    # the ... alignment 16 and one", which reads as R - 17: probe 14 A7).
+    m = re.search(r"maxStorageBufferRange (\d+)(?: down to a multiple of 4, (\d+),)? less "
+                  r"(\d+), one less than the storage buffers' offset alignment (\d+)\)",
+                  c.call("task.run", {"op": "map", "device": dev, "inputs": [ref([n])],
+                                      "options": {"fn": "abs"}})[1].get("message", ""))
+    check(m and int(m.group(2) or m.group(1)) - int(m.group(3)) == lim and
+          int(m.group(3)) == int(m.group(4)) - 1,
+          "the max_tensor_bytes message's words add up to %d: %r" % (lim, m and m.group(0)))
     # each tensor named as this document names it (map, fir and reduce said
     # "operand 0": outside probe 13 B2)
     expect(c.call("task.run", {"op": "map", "device": dev, "inputs": [ref([n])],
@@ -3105,6 +3116,11 @@ def trace(env):
     c = env.conn()
     for bad in (0, -1, 601, 600.5, "1", None, float("nan"), float("inf"), True):
         expect(c.call("trace", {"seconds": bad}), "EINVAL", "seconds")
+    # a number out of range says what came, as a type error does (probe 14 A nit)
+    for bad, got in ((601, "601"), (float("nan"), "nan"), (-0.0, "-0"),
+                     (600.0000000000001, "600.0000000000001"), (-1, "-1")):
+        expect(c.call("trace", {"seconds": bad}), "EINVAL",
+               "seconds: expected a number in (0, 600], got %s" % got)
     expect(c.call("trace", {}), "EINVAL", "seconds")
     r = c.ok("trace", {"seconds": 0.001})
     check(set(r) == {"start_us", "end_us", "dropped", "devices", "jobs"}, "trace keys %r" % list(r))
@@ -3215,7 +3231,7 @@ def quotas(env):
     x = {"dtype": "f32", "shape": [2500], "data": b"\0" * 10000}
     expect(d.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [x],
                                "options": {"fn": "abs"}}), "ELIMIT", "max_user_memory",
-           "need ")
+           "the task's inline operands and results need ")
     expect(d.call("buffer.share", {"size": 20000}), "ELIMIT", "max_user_memory")
     check(not d.fds, "no descriptor with ELIMIT")
     fd = memfd(20000)
@@ -3229,9 +3245,17 @@ def quotas(env):
     # an output overlapping its input needs a block of its own: counted (a map
     # exactly in place needs none)
     ref = {"buffer": cb, "dtype": "f32", "shape": [9999]}
+    # The message names that block, not "inline operands and results" the task
+    # has none of (probe 14 A6), nor an inline input as results.
     expect(c.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref],
                                "options": {"fn": "abs"}, "outputs": [{"buffer": cb, "offset": 4}]}),
-           "ELIMIT", "max_conn_memory")
+           "ELIMIT", "max_conn_memory", "the result computed apart from outputs[0], which "
+           "overlaps input 0 in buffer %d, needs 39996 bytes of cpu:0" % cb)
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0",
+                               "inputs": [ref, dict(x, shape=[9999], data=b"\0" * 39996)],
+                               "options": {"fn": "add"}, "outputs": [{"buffer": cb, "offset": 4}]}),
+           "ELIMIT", "max_conn_memory", "the task's inline operands and the result computed "
+           "apart from outputs[0], which overlaps input 0 in buffer %d, need 79992 bytes" % cb)
     c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref], "options": {"fn": "abs"},
                       "outputs": [{"buffer": cb}]})
 
@@ -3733,6 +3757,32 @@ def unsent(env):
     check([x["unsent"] for x in st["clients"] if x["self"]] == [0], "nothing unsent")
 
 
+@case("Messages: a count of 1 in the singular; write and read past the end alike",
+      daemon="onebuf")
+def plurals_of_one(env):
+    # "already has 1 buffers", "writing 1 bytes ... of 8 bytes", and a write at
+    # an offset past the end worded otherwise than a read there (probe 14 A8
+    # and its nits)
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 1})["buffer"]
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 8}), "ELIMIT",
+           "this connection already has 1 buffer (max_buffers)")
+    expect(c.call("buffer.write", {"buffer": b, "offset": 1, "data": b"a"}), "ERANGE",
+           "writing 1 byte at offset 1 overruns buffer %d of 1 byte" % b)
+    expect(c.call("buffer.read", {"buffer": b, "offset": 1, "size": 1}), "ERANGE",
+           "reading 1 byte at offset 1 overruns buffer %d of 1 byte" % b)
+    for m, a in (("buffer.write", {"data": b""}), ("buffer.read", {})):
+        expect(c.call(m, dict(a, buffer=b, offset=2)), "ERANGE",
+               "offset 2 is past the end of buffer %d (1 byte)" % b)
+    expect(c.call("task.run", {"op": "reduce", "device": "cpu:0", "inputs": [
+        {"buffer": b, "offset": 0, "dtype": "f32", "shape": [1]}]}), "ERANGE",
+        "4 bytes at offset 0 overrun buffer %d of 1 byte" % b)
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                               "inputs": [{"dtype": "f32", "shape": [1], "data": b"\x01"}]}),
+           "EINVAL", "tensor data has 1 byte, its f32 shape needs 4")
+    still_open(c)
+
+
 @case("Limits: max_buffers", daemon="small")
 def small_buffers(env):
     c = env.conn()
@@ -3877,6 +3927,7 @@ def main():
     configs = {"main": (["--cache", os.path.join(tmp, "cache.db")],
                         os.environ.get("DSPK_TEST_BACKENDS", "cpu,vulkan")),
                "small": (SMALL, "cpu"),
+               "onebuf": (["--max-buffers", "1"], "cpu"),
                "userclients": (["--max-user-clients", "2"], "cpu"),
                "deep": (["--max-depth", "40"], "cpu"),
                "quota": (["--max-conn-memory", "64K", "--max-user-memory", "96K"], "cpu"),
