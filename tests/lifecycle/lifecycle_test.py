@@ -452,6 +452,87 @@ def t_ownfiles(exe, tmp):
                 p.wait()
 
 
+def t_cachefiles(exe, tmp):
+    """The cache is neither the socket nor the configuration file, and none
+    of SQLite's files beside it (-wal, -shm, -journal) is either: by path,
+    by a hard or a symbolic link, by another spelling, refused at start
+    with exit 2 and one line before any file is made.  (A cache that was
+    the configuration file was taken for a corrupt cache, moved aside and
+    replaced by a database; one that was the socket made the bind fail and
+    stayed, failing every later start.)"""
+    sock = os.path.join(tmp, "c.sock")
+    conf = os.path.join(tmp, "c.conf")
+    text = "[limits]\nmax_clients = 7\n"
+    write(conf, text)
+    os.link(conf, os.path.join(tmp, "hard.conf"))
+    os.symlink(conf, os.path.join(tmp, "sym.conf"))
+    os.mkdir(os.path.join(tmp, "sub"))
+
+    def refused(cache, want, config=conf):
+        before = sorted(os.listdir(tmp))
+        p = subprocess.run([exe, "--foreground", "--config", config, "--backends", "cpu",
+                            "--socket", sock, "--cache", cache,
+                            "--job-state", os.path.join(tmp, "c.jobs")],
+                           stderr=subprocess.PIPE, cwd=tmp, timeout=TIMEOUT)
+        err = p.stderr.decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        check(p.returncode == 2 and len(lines) == 1 and want in lines[0],
+              "--cache %s: exit 2 and one line with %r, got %d: %r"
+              % (cache, want, p.returncode, err))
+        check(sorted(os.listdir(tmp)) == before, "--cache %s: no file made: %r -> %r"
+              % (cache, before, sorted(os.listdir(tmp))))
+        with open(conf) as f:
+            check(f.read() == text, "--cache %s: the configuration file kept" % cache)
+
+    for spelling in (conf, "c.conf", "./c.conf", os.path.join(tmp, "sub", "..", "c.conf"),
+                     os.path.join(tmp, "hard.conf"), os.path.join(tmp, "sym.conf")):
+        refused(spelling, "is the configuration file (%s)" % conf)
+    refused(sock, "is the socket (%s)" % sock)
+    refused(os.path.join(tmp, "sub", "..", "c.sock"), "is the socket (%s)" % sock)
+    # A socket left by a daemon killed (removed as stale first): the same.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sock)
+    s.close()
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--socket",
+                        sock, "--cache", sock], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is the socket (%s)" % sock.encode() in p.stderr and
+          not os.path.exists(sock), "a stale socket as the cache: %r" % p.stderr)
+    # SQLite's files beside the cache.
+    for side in ("-wal", "-shm", "-journal"):
+        other = os.path.join(tmp, "x.db")
+        s_path = other + side
+        p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                            "--socket", s_path, "--cache", other,
+                            "--job-state", os.path.join(tmp, "c.jobs")],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+        err = p.stderr.decode()
+        check(p.returncode == 2 and err.count("\n") == 1 and
+              "its file %s (SQLite's, beside it) is the socket" % s_path in err,
+              "%s is the socket: %r" % (side, err))
+        check(not os.path.exists(other) and not os.path.exists(s_path),
+              "%s: nothing made" % side)
+        write(other + side, text)
+        refused(other, "its file %s (SQLite's, beside it) is the configuration file"
+                % (other + side), config=other + side)
+        os.unlink(other + side)
+    # The configuration file set by the file itself, and the default cache
+    # ($CACHE_DIRECTORY/cache.db) that is the socket.
+    write(conf, text + "[daemon]\ncache = %s\n" % conf)
+    p = subprocess.run([exe, "--foreground", "--config", conf, "--backends", "cpu",
+                        "--socket", sock, "--job-state", os.path.join(tmp, "c.jobs")],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"%s: cache %s is the configuration file" %
+          (conf.encode(), conf.encode()) in p.stderr, "the file's cache: %r" % p.stderr)
+    check(open(conf).read().startswith(text), "the file kept")
+    e = dict(os.environ, CACHE_DIRECTORY=tmp)
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                        "--socket", os.path.join(tmp, "cache.db"),
+                        "--job-state", os.path.join(tmp, "c.jobs")],
+                       stderr=subprocess.PIPE, env=e, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is the socket" in p.stderr, "default cache: %r" % p.stderr)
+    check(not os.path.exists(os.path.join(tmp, "cache.db")), "default cache: nothing made")
+
+
 def t_sockreplaced(exe, tmp):
     """A daemon's socket file removed while it runs and replaced (by another
     daemon's socket, or any file) is left in place at its stop: it removed
@@ -1857,6 +1938,7 @@ GROUPS = {
     "sigterm": t_sigterm,
     "sockreplaced": t_sockreplaced,
     "ownfiles": t_ownfiles,
+    "cachefiles": t_cachefiles,
     "fast": t_fast,
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,
