@@ -1823,6 +1823,88 @@ def t_policy(exe, tmp):
     check(not os.path.exists(d.sock), "socket removed")
 
 
+def client_as(sock, uid):
+    """A Client whose connection a child process of uid made (the kernel
+    records the peer at connect), handed back here over a socketpair."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(sock)
+            socket.send_fds(b, [b"c"], [c.fileno()])
+        finally:
+            os._exit(0)
+    b.close()
+    _, fds, _, _ = socket.recv_fds(a, 1, 1)
+    a.close()
+    os.waitpid(pid, 0)
+    check(len(fds) == 1, "a connection of uid %d" % uid)
+    c = Client.__new__(Client)
+    c.sock = socket.socket(fileno=fds[0])
+    c.sock.settimeout(TIMEOUT)
+    c.up = msgpack.Unpacker(raw=False)
+    c.msgid = 0
+    c.responses = {}
+    c.notes = []
+    return c
+
+
+def t_policyreload(exe, tmp):
+    """A reload whose allow lists no longer admit a connected peer closes
+    that peer's connections with the protocol.error EPERM a new connection
+    gets (dspk.conf(5), RELOAD); others, and a reload that still admits the
+    peer, leave them open.  By SIGHUP and by daemon.reload."""
+    if os.getuid() != 0:
+        print("skip: needs root (a second uid)")
+        return
+    nobody = 65534
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "policy.conf")
+    write(conf, "[policy]\nallow_users = nobody\n")
+    os.chmod(conf, 0o644)
+    d = Daemon(exe, tmp, ["--config", conf, "--no-cache"], notify=True)
+    os.chmod(d.sock, 0o666)
+    nb = client_as(d.sock, nobody)
+    check(nb.call("ping", {"data": b"n"})["data"] == b"n", "nobody connects")
+    root = d.client()
+    # Still admitted (by allow_groups now): the connection stays.
+    write(conf, "[policy]\nallow_users = 12345\nallow_groups = %d\n" % nobody)
+    d.proc.send_signal(signal.SIGHUP)
+    d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+    check(nb.call("ping", {"data": b"m"})["data"] == b"m", "still admitted: kept")
+    # No longer admitted: closed with the connect refusal.
+    write(conf, "[policy]\nallow_users = 12345\n")
+    d.proc.send_signal(signal.SIGHUP)
+    d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+    nb.expect_eof()
+    want = ("permission denied: uid %d may not connect (root, the daemon's own user (uid 0), "
+            "allow_users and allow_groups in the [policy] of dspkd.conf)" % nobody)
+    check(len(nb.notes) == 1 and nb.notes[0][1] == "protocol.error" and
+          nb.notes[0][2][0]["name"] == "EPERM" and want in str(nb.notes[0][2][0]),
+          "revoked by SIGHUP: %r" % nb.notes)
+    check("reload: 1 connection(s) closed: allow_users and allow_groups no longer admit "
+          "their users" in d.logtext(), "the closes logged:\n" + d.logtext())
+    check(root.call("ping", {"data": b"r"})["data"] == b"r", "root kept its connection")
+    # By daemon.reload: the caller (root) stays, nobody's connection goes.
+    write(conf, "[policy]\nallow_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "reload admits nobody again")
+    nb = client_as(d.sock, nobody)
+    check(nb.call("ping", {"data": b"o"})["data"] == b"o", "nobody connects again")
+    write(conf, "[policy]\nallow_groups = 12345\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "reload revokes nobody")
+    nb.expect_eof()
+    check(len(nb.notes) == 1 and nb.notes[0][2][0]["name"] == "EPERM",
+          "revoked by daemon.reload: %r" % nb.notes)
+    check(root.call("ping", {"data": b"s"})["data"] == b"s", "root kept its connection")
+    d.stop()
+
+
 def exit_path(exe, tmp, how, want_rc, backends="cpu"):
     d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": how}, backends=backends)
     a = d.client()
@@ -1947,6 +2029,7 @@ GROUPS = {
     "config": t_config,
     "exits": t_exits,
     "policy": t_policy,
+    "policyreload": t_policyreload,
     "earlysig": t_earlysig,
     "ignored": t_ignored,
     "stopmetrics": t_stopmetrics,
