@@ -1574,7 +1574,15 @@ def t_config(exe, tmp):
                        (["--metrics-listen", "127.1:0"],
                         "--metrics-listen: expected ADDR:PORT"),
                        (["--metrics-listen", "127.0.0.1:080"],
-                        "--metrics-listen: expected ADDR:PORT")):
+                        "--metrics-listen: expected ADDR:PORT"),
+                       # inet_aton's other forms (hexadecimal, octal, fewer
+                       # parts), a blank, and brackets around no IPv6 address.
+                       *[(["--metrics-listen", a], "--metrics-listen: expected ADDR:PORT")
+                         for a in ("0x7f.1:0", "0x7f000001:0", "127.0x0.0.1:0",
+                                   "0X7F.0.0.1:0", "0177.0.0.1:0", "2130706433:0",
+                                   "127.0.0.1 :0", " 127.0.0.1:0", "127.0.0.1\t:0",
+                                   "local host:0", "[]:0", "[127.0.0.1]:0",
+                                   "[localhost]:0", "[::1%]:0")]):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
