@@ -1502,6 +1502,13 @@ def t_config(exe, tmp):
     # passed up to 255 bytes and failed to listen, exit 1).
     start_fail("[daemon]\nsocket = /tmp/%s\n" % ("s" * 110),
                "%(f)s:2: socket: expected a non-empty path of at most 107 bytes")
+    # So is a $DSPK_SOCKET of 108 bytes (it was exit 1, at the listen's check).
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache"],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT,
+                       env=dict(os.environ, DSPK_SOCKET="/tmp/" + "s" * 103))
+    check(p.returncode == 2 and b"$DSPK_SOCKET: expected a path of at most 107 bytes (a Unix "
+          b"socket's limit), got 108 bytes" in p.stderr, "long $DSPK_SOCKET: %d %r"
+          % (p.returncode, p.stderr))
     # A socket in a directory that does not exist: exit 1, saying so (libuv
     # reports it as "permission denied", even to root).
     p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
