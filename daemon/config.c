@@ -957,8 +957,12 @@ static int load(const char *path, struct dspkd_config *cfg,
     why = strerror(errno);
   else if (S_ISDIR(st.st_mode))
     why = strerror(EISDIR);
-  else if (!S_ISREG(st.st_mode))
-    why = "not a regular file";
+  else if (!S_ISREG(st.st_mode)) /* what it is, as the cache's refusal says */
+    why = S_ISCHR(st.st_mode)    ? "not a regular file (a character device)"
+          : S_ISBLK(st.st_mode)  ? "not a regular file (a block device)"
+          : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
+          : S_ISSOCK(st.st_mode) ? "not a regular file (a socket)"
+                                 : "not a regular file";
   if (why) {
     snprintf(err, len, "%s: cannot read: %s", path, why);
     close(fd);

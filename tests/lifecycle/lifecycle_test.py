@@ -1611,7 +1611,7 @@ def t_config(exe, tmp):
     os.mkdir(os.path.join(tmp, "conf.d"))
     os.mkfifo(os.path.join(tmp, "conf.fifo"))
     for name, want in (("conf.d", b"conf.d: cannot read: Is a directory"),
-                       ("conf.fifo", b"conf.fifo: cannot read: not a regular file")):
+                       ("conf.fifo", b"conf.fifo: cannot read: not a regular file (a FIFO)")):
         p = subprocess.run([exe, "--foreground", "--config", os.path.join(tmp, name),
                             "--backends", "cpu", "--no-cache",
                             "--socket", os.path.join(tmp, "never.sock")],
