@@ -1918,6 +1918,18 @@ def t_policyreload(exe, tmp):
     check(len(nb.notes) == 1 and nb.notes[0][2][0]["name"] == "EPERM",
           "revoked by daemon.reload: %r" % nb.notes)
     check(root.call("ping", {"data": b"s"})["data"] == b"s", "root kept its connection")
+    # An admin whose own daemon.reload takes it out of the allow lists: its
+    # connection is closed with the notice (no answer), the daemon goes on.
+    write(conf, "[policy]\nallow_users = nobody\nadmin_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "nobody an admin")
+    nb = client_as(d.sock, nobody)
+    write(conf, "[policy]\nallow_users = 12345\n")
+    msgid = nb.send("daemon.reload")
+    nb.expect_eof()
+    check(msgid not in nb.responses and len(nb.notes) == 1 and
+          nb.notes[0][2][0]["name"] == "EPERM", "the caller revoked: %r %r"
+          % (nb.responses, nb.notes))
+    check(root.call("ping", {"data": b"t"})["data"] == b"t", "the daemon goes on")
     d.stop()
 
 
