@@ -531,6 +531,11 @@ def t_cachefiles(exe, tmp):
                        stderr=subprocess.PIPE, env=e, timeout=TIMEOUT)
     check(p.returncode == 2 and b"is the socket" in p.stderr, "default cache: %r" % p.stderr)
     check(not os.path.exists(os.path.join(tmp, "cache.db")), "default cache: nothing made")
+    # dspkd --end-job checks the files a start with its arguments would use.
+    p = subprocess.run([exe, "--config", "", "--socket", sock, "--cache", sock, "--end-job", "5"],
+                       stderr=subprocess.PIPE, stdout=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is the socket" in p.stderr and not os.path.exists(sock) and
+          not os.path.exists(os.path.join(tmp, "c.jobs")), "--end-job: %r" % p.stderr)
 
 
 def t_sockreplaced(exe, tmp):
