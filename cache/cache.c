@@ -1011,6 +1011,14 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
   /* A file (and directories) this call creates are removed again when it
    * ends up unusable (a full disk left an empty file behind). */
   int created = 0, dirs = 0;
+  size_t plen = strlen(c->path);
+  /* "DIR/c.db/" named a directory to make: mkdirs_for made c.db one, and
+   * the warning then said the path was "a directory" where nothing had
+   * been. */
+  if (plen > 1 && c->path[plen - 1] == '/') {
+    snprintf(why, sizeof why, "the path ends in /: it names a directory, not a file");
+    goto unusable;
+  }
   int mk = mkdirs_for(c->path, &dirs);
   if (mk >= 0)
     created = lstat(c->path, &sb) != 0 && errno == ENOENT;

@@ -3,8 +3,9 @@
  * what the kernel recorded when it connected: SO_PEERCRED (uid, gid, kept
  * on the connection by daemon/conn.c) and SO_PEERGROUPS (its supplementary
  * groups, read here when a decision needs them).  Each decision uses the
- * policy in force at that moment, so a reload applies to the next request
- * without dropping anyone.
+ * policy in force at that moment, so a reload applies to the next request;
+ * a reload also closes the connections whose peers the new allow lists no
+ * longer admit (dspkd_admin_reloaded), as they would be refused now.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -107,6 +108,24 @@ void dspkd_admin_connect_refusal(const struct conn *c, char *msg, size_t len) {
   snprintf(msg, len, "permission denied: uid %ld may not connect (root, the daemon's own "
            "user (uid %ld), allow_users and allow_groups in the [policy] of dspkd.conf)",
            (long)c->uid, (long)geteuid());
+}
+
+size_t dspkd_admin_reloaded(struct dspkd *d) {
+  char msg[192];
+  size_t n = 0;
+
+  for (struct conn *c = d->conns; c; c = c->next) {
+    if (c->closing || dspkd_admin_may_connect(c))
+      continue;
+    /* The refusal a new connection of this peer gets now. */
+    dspkd_admin_connect_refusal(c, msg, sizeof msg);
+    dspkd_conn_close_notice(c, DSPK_EPERM, msg);
+    n++;
+  }
+  if (n)
+    dspkd_info("reload: %zu connection(s) closed: allow_users and allow_groups no longer "
+               "admit their users", n);
+  return n;
 }
 
 int dspkd_m_daemon_reload(struct req *r) {

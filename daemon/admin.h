@@ -33,6 +33,11 @@ int dspkd_admin_refuse(struct req *r, const char *method);
  * allow lists do not admit, naming every way to be admitted, into msg
  * (len bytes). */
 void dspkd_admin_connect_refusal(const struct conn *c, char *msg, size_t len);
+/* After a reload that took a new configuration: closes each connection
+ * whose peer the new allow lists do not admit, with the protocol.error
+ * EPERM a new connection of that peer gets (dspkd_admin_connect_refusal),
+ * and logs how many.  Returns how many it closed. */
+size_t dspkd_admin_reloaded(struct dspkd *d);
 /* The handlers of daemon.reload and daemon.stop (dspkd_dispatch's
  * contract). */
 int dspkd_m_daemon_reload(struct req *r);

@@ -14,12 +14,14 @@
  * Precedence: command line > file > defaults.  getopt_long notes which keys
  * the command line set, so the file and a reload leave them alone.
  */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -605,14 +607,29 @@ static bool plain_decimal(const char *s, size_t n, unsigned long max) {
   return v <= max;
 }
 
-/* 1 when an address of digits and dots (which getaddrinfo reads in forms
- * nobody means: "0" is 0.0.0.0, "127.1" is 127.0.0.1, "010" octal) is a
- * dotted IPv4 address of four decimal parts, or has a character that makes
- * it a host name. */
+/* 1 when s[0..n) is a host name (letters, digits, '-', '_' and '.', not all
+ * digits and dots) that inet_aton does not read as an IPv4 address, or a
+ * dotted IPv4 address of four decimal parts.  getaddrinfo reads an IPv4
+ * address in inet_aton's forms nobody means ("0" is 0.0.0.0, "127.1" is
+ * 127.0.0.1, "010" octal, "0x7f.1" and "0x7f000001" hexadecimal), and
+ * ignores what follows a blank ("127.0.0.1 x"): each of those, or a blank,
+ * is refused. */
 static bool plain_host(const char *s, size_t n) {
   size_t parts = 0, start = 0;
-  if (n == 0 || strspn(s, "0123456789.") < n)
-    return true; /* every address, or a host name */
+  char host[256];
+  struct in_addr a;
+
+  if (n == 0)
+    return true; /* every address */
+  if (n >= sizeof host)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!isalnum((unsigned char)s[i]) && !strchr("-_.", s[i]))
+      return false;
+  memcpy(host, s, n);
+  host[n] = '\0';
+  if (strspn(host, "0123456789.") < n && inet_aton(host, &a) == 0)
+    return true; /* a host name */
   for (size_t i = 0; i <= n; i++) {
     if (i < n && s[i] != '.')
       continue;
@@ -624,25 +641,45 @@ static bool plain_host(const char *s, size_t n) {
   return parts == 4;
 }
 
+/* 1 when s[0..n), the inside of brackets, is an IPv6 address (with a
+ * %ZONE after it, which getaddrinfo resolves): nothing else goes in
+ * brackets ("[]" and "[127.0.0.1]" are refused, not read as every
+ * address and an IPv4 address). */
+static bool bracketed_v6(const char *s, size_t n) {
+  char host[INET6_ADDRSTRLEN + 1];
+  struct in6_addr a;
+  size_t k = strcspn(s, "%");
+
+  if (k > n)
+    k = n;
+  if (k == 0 || k >= sizeof host || (k < n && k + 1 == n))
+    return false;
+  memcpy(host, s, k);
+  host[k] = '\0';
+  return inet_pton(AF_INET6, host, &a) == 1;
+}
+
 /* metrics_listen: ADDR:PORT ([V6]:PORT; :PORT for every address) with a
  * decimal port from 0 to 65535; no value that reads two ways: an IPv6
- * address without brackets ("::1:0"), an IPv4 address of fewer parts
- * ("0:0", "127.1:0"), a number with a leading 0.  Whether ADDR resolves is
- * seen when the listener starts. */
+ * address without brackets ("::1:0"), an IPv4 address not of four decimal
+ * parts ("0:0", "127.1:0", "0x7f.1:0"), a number with a leading 0, a
+ * blank.  Whether a host name resolves is seen when the listener
+ * starts. */
 static int check_listen(const char *s, char *why, size_t len) {
   const char *colon = strrchr(s, ':');
   size_t n = colon ? (size_t)(colon - s) : 0;
 
   if (colon && plain_decimal(colon + 1, strlen(colon + 1), 65535)) {
-    if (n >= 2 && s[0] == '[' && s[n - 1] == ']')
-      return 0;
-    if (memchr(s, ':', n)) {
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+      if (bracketed_v6(s + 1, n - 2))
+        return 0;
+    } else if (memchr(s, ':', n)) {
       snprintf(why, len, "an IPv6 address goes in brackets ([%.*s]:%s), got \"%s\"", (int)n,
                s, colon + 1, vis(s));
       return -1;
-    }
-    if (s[0] != '[' && plain_host(s, n))
+    } else if (plain_host(s, n)) {
       return 0;
+    }
   }
   snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (decimal, no leading 0) "
            "and ADDR a host name, an IPv4 address of four decimal parts, [IPV6], or nothing "
@@ -921,8 +958,12 @@ static int load(const char *path, struct dspkd_config *cfg,
     why = strerror(errno);
   else if (S_ISDIR(st.st_mode))
     why = strerror(EISDIR);
-  else if (!S_ISREG(st.st_mode))
-    why = "not a regular file";
+  else if (!S_ISREG(st.st_mode)) /* what it is, as the cache's refusal says */
+    why = S_ISCHR(st.st_mode)    ? "not a regular file (a character device)"
+          : S_ISBLK(st.st_mode)  ? "not a regular file (a block device)"
+          : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
+          : S_ISSOCK(st.st_mode) ? "not a regular file (a socket)"
+                                 : "not a regular file";
   if (why) {
     snprintf(err, len, "%s: cannot read: %s", path, why);
     close(fd);

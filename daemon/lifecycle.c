@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
@@ -107,6 +108,10 @@ int dspkd_reload(struct dspkd *d, char *msg, size_t msglen) {
            (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
   dspkd_notify_send(note);
   err = dspkd_config_reload(d, msg, msglen);
+  /* The allow lists admit a peer at its connection and for as long as it
+   * stays connected: one the new lists refuse is closed now. */
+  if (err == 0)
+    dspkd_admin_reloaded(d);
   dspkd_notify_reloaded(d, err >= 0);
   return err;
 }

@@ -41,7 +41,9 @@
 /* Fills cfg->socket_path, unless the option or the file set it, from
  * $DSPK_SOCKET or the default, and creates the default's directory when
  * create is set; end_job: for dspkd --end-job, whose refusal names
- * --job-state too.  0 or -1 (logged). */
+ * --job-state too.  0, -2 (logged) for a $DSPK_SOCKET longer than a Unix
+ * socket's path may be (a bad value, exit 2, as --socket's), or -1
+ * (logged). */
 static int socket_path(struct dspkd_config *cfg, bool create, bool end_job) {
   const char *env = getenv("DSPK_SOCKET");
   const char *given = NULL;
@@ -53,9 +55,13 @@ static int socket_path(struct dspkd_config *cfg, bool create, bool end_job) {
   if (env && *env)
     given = env;
   if (given) {
-    if (strlen(given) >= sizeof cfg->socket_path) {
-      dspkd_error("socket path too long (%zu bytes): %s", strlen(given), given);
-      return -1;
+    size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
+    if (max > sizeof cfg->socket_path)
+      max = sizeof cfg->socket_path;
+    if (strlen(given) >= max) {
+      dspkd_error("$DSPK_SOCKET: expected a path of at most %zu bytes (a Unix socket's "
+                  "limit), got %zu bytes", max - 1, strlen(given));
+      return -2;
     }
     snprintf(cfg->socket_path, sizeof cfg->socket_path, "%s", given);
     return 0;
@@ -465,7 +471,7 @@ int main(int argc, char **argv) {
   struct dspkd_config *cfg = &d->cfg;
   uv_loop_t loop;
   char given_socket[sizeof cfg->socket_path];
-  int detach_fd = -1, rc = 1, activated;
+  int detach_fd = -1, rc = 1, activated, sp;
 
   /* glibc serves blocks of 128 KiB and up with fresh mappings until a freed
    * one raises its threshold, so the first tasks after a start re-fault
@@ -569,8 +575,8 @@ int main(int argc, char **argv) {
   }
   if (activated)
     note_unused_socket(given_socket, cfg->socket_path);
-  else if (socket_path(cfg, true, false) != 0)
-    return 1;
+  else if ((sp = socket_path(cfg, true, false)) != 0)
+    return sp == -2 ? 2 : 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||
                      dspkd_socket_dir_check(cfg->socket_path) != 0))

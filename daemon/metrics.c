@@ -880,11 +880,20 @@ static int parse_listen(const char *spec, struct sockaddr_storage *sa, socklen_t
   return 0;
 }
 
-/* A listening TCP socket on sa; for the any address of IPv6 (any) with
+/* 1 when sa is IPv6's any address ([::]), which open_listener opens
+ * dual-stack: every address, IPv4 too, whether spelled ":PORT" or
+ * "[::]:PORT". */
+static bool every_address(const struct sockaddr_storage *sa) {
+  return sa->ss_family == AF_INET6 &&
+         IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
+/* A listening TCP socket on sa; for the any address of IPv6 with
  * IPV6_V6ONLY off, so that IPv4 clients reach it too (as ::ffff:a.b.c.d).
  * The fd, or -1 with errno set and *step the call that failed. */
-static int open_listener(const struct sockaddr_storage *sa, socklen_t salen, bool any,
+static int open_listener(const struct sockaddr_storage *sa, socklen_t salen,
                          const char **step) {
+  bool any = every_address(sa);
   int one = 1, zero = 0, e;
   int lfd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   *step = "socket";
@@ -892,8 +901,7 @@ static int open_listener(const struct sockaddr_storage *sa, socklen_t salen, boo
     return -1;
   setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   *step = "setsockopt(IPV6_V6ONLY)";
-  if (any && sa->ss_family == AF_INET6 &&
-      setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)
+  if (any && setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)
     goto fail;
   *step = "bind";
   if (bind(lfd, (const struct sockaddr *)sa, salen) != 0)
@@ -950,7 +958,7 @@ int dspkd_metrics_http_start(struct dspkd *d) {
    * ":PORT" is every address: [::] dual-stack, or 0.0.0.0 where the host
    * (or the unit's RestrictAddressFamilies=) has no IPv6. */
   const char *step;
-  int lfd = open_listener(&sa, salen, any, &step);
+  int lfd = open_listener(&sa, salen, &step);
   if (lfd < 0 && any &&
       (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL || errno == EPROTONOSUPPORT ||
        errno == EPERM || errno == EACCES || errno == ENOPROTOOPT)) {
@@ -963,7 +971,7 @@ int dspkd_metrics_http_start(struct dspkd *d) {
     salen = sizeof *v4;
     dspkd_debug("metrics_listen %s: no IPv6 (%s: %s); listening on IPv4 only", spec, step,
                 strerror(errno));
-    lfd = open_listener(&sa, salen, false, &step);
+    lfd = open_listener(&sa, salen, &step);
   }
   if (sa.ss_family == AF_INET6)
     flags |= MHD_USE_IPv6;
@@ -1001,7 +1009,7 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   /* The address and port bound (the port the system chose for port 0;
    * [::] for every address, IPv4 too, or 0.0.0.0 on a host without IPv6). */
   dspkd_info("metrics: serving http://%s/metrics%s", where,
-             any && sa.ss_family == AF_INET6 ? " (every address, IPv6 and IPv4)" : "");
+             every_address(&sa) ? " (every address, IPv6 and IPv4)" : "");
   return 0;
 }
 

@@ -235,10 +235,13 @@ void dspkd_notify_reloaded(struct dspkd *d, bool ok) {
   }
   status_line(d, line, sizeof line);
   if (n.started) {
+    /* The plain line: the next change of the counts replaces this one. */
     memcpy(n.last, line, sizeof line);
     n.last_status_ms = uv_now(d->loop);
   }
-  snprintf(msg, sizeof msg, "READY=1\n%s", line);
+  /* Says that the file was taken (dspkd(8), SYSTEMD), as a refused one's
+   * says it was not; line is "STATUS=...". */
+  snprintf(msg, sizeof msg, "READY=1\nSTATUS=configuration reloaded: %s", line + 7);
   dspkd_notify_send(msg);
 }
 

@@ -265,6 +265,35 @@ static int check_paths(const char *js, const char *sock, const char *conf,
   return 0;
 }
 
+/* The cache (run.cache, "" none) and the files SQLite keeps beside it
+ * checked against the socket (sock) and the configuration file (conf):
+ * the cache opened at the configuration file's path took it for a corrupt
+ * cache, moved it aside and wrote a database there (the next start could
+ * not read its configuration); opened at the socket's, it made the bind
+ * fail and stayed, failing every later start.  0, or -1 after logging one
+ * line. */
+static int cache_collides(const char *sock, const char *conf) {
+  static const char *const sides[] = {"", "-wal", "-shm", "-journal"};
+  char name[PATH_MAX + 64], side[PATH_MAX + 16], what[PATH_MAX + 16];
+  const char *is;
+
+  for (size_t i = 0; run.cache[0] && i < sizeof sides / sizeof sides[0]; i++) {
+    snprintf(side, sizeof side, "%s%s", run.cache, sides[i]);
+    if ((is = collides(side, sock, conf, "", what, sizeof what)) == NULL)
+      continue;
+    dspkd_config_name("cache", name, sizeof name);
+    if (i == 0)
+      dspkd_error("%s %s is %s (%s): the cache would be made in its place; give the cache "
+                  "a path of its own", name, run.cache, is, what);
+    else
+      dspkd_error("%s %s: its file %s (SQLite's, beside it) is %s (%s), which SQLite would "
+                  "create and remove; give the cache another path", name, run.cache, side,
+                  is, what);
+    return -1;
+  }
+  return 0;
+}
+
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   bool has_path = !activated || cfg->socket_path[0] != '(';
   char name[PATH_MAX + 64], why[3 * PATH_MAX + 512];
@@ -303,6 +332,9 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
    * against. */
   if (sock && !sock[0])
     sock = default_socket(dflt, sizeof dflt) == 0 ? dflt : NULL;
+  /* Before the cache is opened (made, when absent). */
+  if (cache_collides(sock, conf) != 0)
+    return -1;
   if (check_paths(run.job_state, sock, conf, run.cache, name, why, sizeof why) != 0) {
     dspkd_error("%s", why);
     return -1;

@@ -2,7 +2,9 @@
  * The daemon's own files as it runs on them (dspk.conf(5), "FILES"): the
  * socket, the cache and the Slurm jobs' state file, each the setting's
  * value or, unset, its default.  Decided once at start, before the
- * daemon detaches: a state file that would overwrite the socket or the
+ * daemon detaches: a cache that would be made at the socket's or the
+ * configuration file's path is refused, and a state file that would
+ * overwrite the socket or the
  * cache (or one of SQLite's files beside it), itself, by its temporary
  * file or by its lock file, is refused, and so is a start
  * that has no state file at all.  A reload compares a file's values with
@@ -28,8 +30,10 @@ const char *dspkd_paths_cache_dir_file(void);
  * came by socket activation) and, detached, made absolute: decides the
  * cache's and the state file's paths, stores the state file's in
  * cfg->job_state, and checks them.  0, or -1 after logging one line (exit
- * 2): no state file can be named (the socket has no path, and neither
- * job_state nor $RUNTIME_DIRECTORY names one), or it is the socket, the
+ * 2): the cache, or one of its -wal, -shm and -journal, is the socket or
+ * the configuration file; no state file can be named (the socket has no
+ * path, and neither job_state nor $RUNTIME_DIRECTORY names one), or it is
+ * the socket, the
  * configuration file (dspkd_config_file), the cache, one of the cache's
  * -wal, -shm and -journal, or its temporary file (PATH.tmp) or its lock
  * file (PATH.lock) is one of those, or its name ends in ".lock" or ".tmp"

@@ -222,13 +222,38 @@ void dspk__utf8_sanitize(char *dst, const char *s, size_t n) {
 }
 
 /* Characters that print as nothing (or as a plain space) and so hide in a
- * message: zero-width and joiner characters, bidirectional controls, the
- * word joiner and invisible operators, the byte order mark, the soft hyphen,
- * no-break spaces, Mongolian vowel separator, Arabic letter mark. */
+ * message, as ranges of code points in order: every default-ignorable
+ * code point (Unicode's Default_Ignorable_Code_Point: the soft hyphen,
+ * the combining grapheme joiner, the Hangul fillers, the zero-width and
+ * joiner characters, bidirectional controls, invisible operators,
+ * variation selectors, tags, musical beams, the reserved ones among them),
+ * every format character (General_Category Cf: the Arabic number signs,
+ * the byte order mark, the interlinear annotation controls, the Egyptian
+ * hieroglyph format controls...), every space separator but U+0020 (Zs:
+ * the no-break spaces, the ogham space mark, U+2000-U+200A, the
+ * ideographic space), the line and paragraph separators (U+2028, U+2029),
+ * and the Braille blank (U+2800).  Unicode 15.1. */
+static const uint32_t invisible[][2] = {
+    {0x00A0, 0x00A0},   {0x00AD, 0x00AD},   {0x034F, 0x034F},   {0x0600, 0x0605},
+    {0x061C, 0x061C},   {0x06DD, 0x06DD},   {0x070F, 0x070F},   {0x0890, 0x0891},
+    {0x08E2, 0x08E2},   {0x115F, 0x1160},   {0x1680, 0x1680},   {0x17B4, 0x17B5},
+    {0x180B, 0x180F},   {0x2000, 0x200F},   {0x2028, 0x202F},   {0x205F, 0x206F},
+    {0x2800, 0x2800},   {0x3000, 0x3000},   {0x3164, 0x3164},   {0xFE00, 0xFE0F},
+    {0xFEFF, 0xFEFF},   {0xFFA0, 0xFFA0},   {0xFFF0, 0xFFFB},   {0x110BD, 0x110BD},
+    {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A},
+    {0xE0000, 0xE0FFF},
+};
+
 static bool invisible_cp(uint32_t cp) {
-  return cp == 0x00A0 || cp == 0x00AD || cp == 0x061C || cp == 0x180E ||
-         (cp >= 0x2000 && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202F) ||
-         (cp >= 0x205F && cp <= 0x206F) || cp == 0x3000 || cp == 0xFEFF;
+  size_t lo = 0, hi = sizeof invisible / sizeof invisible[0];
+  while (lo < hi) { /* the first range that ends at or after cp */
+    size_t mid = lo + (hi - lo) / 2;
+    if (invisible[mid][1] < cp)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < sizeof invisible / sizeof invisible[0] && invisible[lo][0] <= cp;
 }
 
 static uint32_t decode(const unsigned char *u, size_t k) {
@@ -263,7 +288,8 @@ const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n) {
     } else if (cp < 0x20 || cp == 0x7F) {
       plen = (size_t)snprintf(esc, sizeof esc, "\\x%02x", (unsigned)cp);
     } else if ((cp >= 0x80 && cp <= 0x9F) || invisible_cp(cp)) {
-      plen = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)cp);
+      plen = (size_t)snprintf(esc, sizeof esc, cp > 0xFFFF ? "\\U%08x" : "\\u%04x",
+                              (unsigned)cp);
     } else {
       piece = s + i;
       plen = k;

@@ -44,8 +44,10 @@ const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size
  * a backslash as \\, tab, LF and CR as \t, \n, \r, the other C0 controls,
  * DEL and every byte that starts no well-formed UTF-8 sequence as \xNN, the
  * C1 controls and the characters that print as nothing or as a plain space
- * (U+00A0, U+00AD, U+061C, U+180E, U+2000-U+200F, U+2028-U+202F,
- * U+205F-U+206F, U+3000, U+FEFF) as \uNNNN; other characters as they are.
+ * (every default-ignorable code point, every format character (Cf), every
+ * space separator (Zs) but U+0020, U+2028, U+2029 and U+2800: the table
+ * in utf8.c) as \uNNNN, or \UNNNNNNNN above U+FFFF; other characters as
+ * they are.
  * Into dst (cap > 0; cut before an escape or character that would not fit,
  * NUL-terminated).  Returns dst. */
 const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n);

@@ -1615,6 +1615,26 @@ static void test_not_regular(void **state) {
   }
 }
 
+/* A path that ends in "/" names a directory: refused as such, and
+ * nothing made (a directory was, and the warning then called the path
+ * "a directory" where there had been nothing). */
+static void test_trailing_slash(void **state) {
+  struct fixture *f = *state;
+  char path[310], bare[300];
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  snprintf(bare, sizeof bare, "%s/none.db", f->dir);
+  snprintf(path, sizeof path, "%s/", bare);
+  assert_int_equal(dspk__cache_open(path, NULL, &c, warn, sizeof warn), 0);
+  assert_true(dspk__cache_in_memory(c));
+  if (!strstr(warn, "ends in /: it names a directory, not a file") ||
+      strstr(warn, "not a regular file"))
+    fail_msg("warn %s", warn);
+  dspk__cache_close(c);
+  if (access(bare, F_OK) == 0)
+    fail_msg("%s was created", bare);
+}
+
 struct putres {
   int fails, oks, last_kind, last_err;
   char detail[400];
@@ -2023,6 +2043,7 @@ int main(void) {
       T(test_threads),
       T(test_memory_and_args),
       T(test_not_regular),
+      T(test_trailing_slash),
       T(test_put_failure_reported),
       T(test_put_failure_not_fsize),
       T(test_put_too_large_reported),

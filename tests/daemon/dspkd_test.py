@@ -1015,11 +1015,12 @@ def t_socket(exe, tmp):
                        timeout=TIMEOUT)
     check(p.returncode == 2 and b"at most 107 bytes" in p.stderr,
           "long path: a bad command line: %r" % p.stderr)
-    # From $DSPK_SOCKET (no option to check): refused when listening.
+    # From $DSPK_SOCKET: a bad value as well, exit 2 as dspkd(8) says (it
+    # was refused only when listening, exit 1).
     env = dict(os.environ, DSPK_SOCKET=long_path)
     p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache"],
                        stderr=subprocess.PIPE, env=env, timeout=TIMEOUT)
-    check(p.returncode == 1 and b"longer than the 107" in p.stderr,
+    check(p.returncode == 2 and b"$DSPK_SOCKET: expected a path of at most 107 bytes" in p.stderr,
           "long $DSPK_SOCKET: %r" % p.stderr)
     # A relative $XDG_RUNTIME_DIR is ignored (the XDG Base Directory spec),
     # as an unset one: a user other than root gives --socket.  It was used,

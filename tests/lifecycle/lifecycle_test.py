@@ -452,6 +452,92 @@ def t_ownfiles(exe, tmp):
                 p.wait()
 
 
+def t_cachefiles(exe, tmp):
+    """The cache is neither the socket nor the configuration file, and none
+    of SQLite's files beside it (-wal, -shm, -journal) is either: by path,
+    by a hard or a symbolic link, by another spelling, refused at start
+    with exit 2 and one line before any file is made.  (A cache that was
+    the configuration file was taken for a corrupt cache, moved aside and
+    replaced by a database; one that was the socket made the bind fail and
+    stayed, failing every later start.)"""
+    sock = os.path.join(tmp, "c.sock")
+    conf = os.path.join(tmp, "c.conf")
+    text = "[limits]\nmax_clients = 7\n"
+    write(conf, text)
+    os.link(conf, os.path.join(tmp, "hard.conf"))
+    os.symlink(conf, os.path.join(tmp, "sym.conf"))
+    os.mkdir(os.path.join(tmp, "sub"))
+
+    def refused(cache, want, config=conf):
+        before = sorted(os.listdir(tmp))
+        p = subprocess.run([exe, "--foreground", "--config", config, "--backends", "cpu",
+                            "--socket", sock, "--cache", cache,
+                            "--job-state", os.path.join(tmp, "c.jobs")],
+                           stderr=subprocess.PIPE, cwd=tmp, timeout=TIMEOUT)
+        err = p.stderr.decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        check(p.returncode == 2 and len(lines) == 1 and want in lines[0],
+              "--cache %s: exit 2 and one line with %r, got %d: %r"
+              % (cache, want, p.returncode, err))
+        check(sorted(os.listdir(tmp)) == before, "--cache %s: no file made: %r -> %r"
+              % (cache, before, sorted(os.listdir(tmp))))
+        with open(conf) as f:
+            check(f.read() == text, "--cache %s: the configuration file kept" % cache)
+
+    for spelling in (conf, "c.conf", "./c.conf", os.path.join(tmp, "sub", "..", "c.conf"),
+                     os.path.join(tmp, "hard.conf"), os.path.join(tmp, "sym.conf")):
+        refused(spelling, "is the configuration file (%s)" % conf)
+    refused(sock, "is the socket (%s)" % sock)
+    refused(os.path.join(tmp, "sub", "..", "c.sock"), "is the socket (%s)" % sock)
+    # A socket left by a daemon killed (removed as stale first): the same.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sock)
+    s.close()
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--socket",
+                        sock, "--cache", sock], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is the socket (%s)" % sock.encode() in p.stderr and
+          not os.path.exists(sock), "a stale socket as the cache: %r" % p.stderr)
+    # SQLite's files beside the cache.
+    for side in ("-wal", "-shm", "-journal"):
+        other = os.path.join(tmp, "x.db")
+        s_path = other + side
+        p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                            "--socket", s_path, "--cache", other,
+                            "--job-state", os.path.join(tmp, "c.jobs")],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+        err = p.stderr.decode()
+        check(p.returncode == 2 and err.count("\n") == 1 and
+              "its file %s (SQLite's, beside it) is the socket" % s_path in err,
+              "%s is the socket: %r" % (side, err))
+        check(not os.path.exists(other) and not os.path.exists(s_path),
+              "%s: nothing made" % side)
+        write(other + side, text)
+        refused(other, "its file %s (SQLite's, beside it) is the configuration file"
+                % (other + side), config=other + side)
+        os.unlink(other + side)
+    # The configuration file set by the file itself, and the default cache
+    # ($CACHE_DIRECTORY/cache.db) that is the socket.
+    write(conf, text + "[daemon]\ncache = %s\n" % conf)
+    p = subprocess.run([exe, "--foreground", "--config", conf, "--backends", "cpu",
+                        "--socket", sock, "--job-state", os.path.join(tmp, "c.jobs")],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"%s: cache %s is the configuration file" %
+          (conf.encode(), conf.encode()) in p.stderr, "the file's cache: %r" % p.stderr)
+    check(open(conf).read().startswith(text), "the file kept")
+    e = dict(os.environ, CACHE_DIRECTORY=tmp)
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                        "--socket", os.path.join(tmp, "cache.db"),
+                        "--job-state", os.path.join(tmp, "c.jobs")],
+                       stderr=subprocess.PIPE, env=e, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is the socket" in p.stderr, "default cache: %r" % p.stderr)
+    check(not os.path.exists(os.path.join(tmp, "cache.db")), "default cache: nothing made")
+    # dspkd --end-job checks the files a start with its arguments would use.
+    p = subprocess.run([exe, "--config", "", "--socket", sock, "--cache", sock, "--end-job", "5"],
+                       stderr=subprocess.PIPE, stdout=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is the socket" in p.stderr and not os.path.exists(sock) and
+          not os.path.exists(os.path.join(tmp, "c.jobs")), "--end-job: %r" % p.stderr)
+
+
 def t_sockreplaced(exe, tmp):
     """A daemon's socket file removed while it runs and replaced (by another
     daemon's socket, or any file) is left in place at its stop: it removed
@@ -861,7 +947,8 @@ def t_reload(exe, tmp):
     d.proc.send_signal(signal.SIGHUP)
     n.until(lambda m: m.get("RELOADING") == "1" and "MONOTONIC_USEC" in m, "RELOADING=1")
     done = n.until(lambda m: m.get("READY") == "1", "READY=1 after the reload")
-    check("failed" not in done.get("STATUS", ""), "reload succeeded: %r" % done)
+    check(done.get("STATUS", "").startswith("configuration reloaded: "),
+          "reload succeeded: %r" % done)
     lim = c.call("status")["daemon"]["limits"]
     check(lim["max_inflight"] == 50 and lim["max_clients"] == 3, "reloaded: %r" % lim)
     check(lim["max_buffers"] == 7, "the flag still wins: %r" % lim)
@@ -898,7 +985,7 @@ def t_reload(exe, tmp):
     d.proc.send_signal(signal.SIGHUP)
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
     done = n.until(lambda m: m.get("READY") == "1", "READY=1")
-    check(re.match(r"\d+ devices?, 1 client, 0 tasks running, 0 queued$",
+    check(re.match(r"configuration reloaded: \d+ devices?, 1 client, 0 tasks running, 0 queued$",
                    done.get("STATUS", "")),
           "a good reload after a refused one says what holds now: %r" % done)
     # The same through daemon.reload: a refused file, then a good one.
@@ -932,7 +1019,7 @@ def t_reload(exe, tmp):
     check(c.call("daemon.reload") == {"reloaded": True}, "daemon.reload")
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (daemon.reload)")
     done = n.until(lambda m: m.get("READY") == "1", "READY=1 (daemon.reload)")
-    check(re.match(r"\d+ devices?, 1 client, 0 tasks running, 0 queued$",
+    check(re.match(r"configuration reloaded: \d+ devices?, 1 client, 0 tasks running, 0 queued$",
                    done.get("STATUS", "")), "daemon.reload's STATUS=: %r" % done)
     check("takes effect at the next start" in d.logtext(), "restart-only key reported")
     # So is a restart-only number (it was silently ignored): device_inflight
@@ -1421,6 +1508,13 @@ def t_config(exe, tmp):
     # passed up to 255 bytes and failed to listen, exit 1).
     start_fail("[daemon]\nsocket = /tmp/%s\n" % ("s" * 110),
                "%(f)s:2: socket: expected a non-empty path of at most 107 bytes")
+    # So is a $DSPK_SOCKET of 108 bytes (it was exit 1, at the listen's check).
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache"],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT,
+                       env=dict(os.environ, DSPK_SOCKET="/tmp/" + "s" * 103))
+    check(p.returncode == 2 and b"$DSPK_SOCKET: expected a path of at most 107 bytes (a Unix "
+          b"socket's limit), got 108 bytes" in p.stderr, "long $DSPK_SOCKET: %d %r"
+          % (p.returncode, p.stderr))
     # A socket in a directory that does not exist: exit 1, saying so (libuv
     # reports it as "permission denied", even to root).
     p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
@@ -1493,7 +1587,15 @@ def t_config(exe, tmp):
                        (["--metrics-listen", "127.1:0"],
                         "--metrics-listen: expected ADDR:PORT"),
                        (["--metrics-listen", "127.0.0.1:080"],
-                        "--metrics-listen: expected ADDR:PORT")):
+                        "--metrics-listen: expected ADDR:PORT"),
+                       # inet_aton's other forms (hexadecimal, octal, fewer
+                       # parts), a blank, and brackets around no IPv6 address.
+                       *[(["--metrics-listen", a], "--metrics-listen: expected ADDR:PORT")
+                         for a in ("0x7f.1:0", "0x7f000001:0", "127.0x0.0.1:0",
+                                   "0X7F.0.0.1:0", "0177.0.0.1:0", "2130706433:0",
+                                   "127.0.0.1 :0", " 127.0.0.1:0", "127.0.0.1\t:0",
+                                   "local host:0", "[]:0", "[127.0.0.1]:0",
+                                   "[localhost]:0", "[::1%]:0")]):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
@@ -1514,7 +1616,7 @@ def t_config(exe, tmp):
     os.mkdir(os.path.join(tmp, "conf.d"))
     os.mkfifo(os.path.join(tmp, "conf.fifo"))
     for name, want in (("conf.d", b"conf.d: cannot read: Is a directory"),
-                       ("conf.fifo", b"conf.fifo: cannot read: not a regular file")):
+                       ("conf.fifo", b"conf.fifo: cannot read: not a regular file (a FIFO)")):
         p = subprocess.run([exe, "--foreground", "--config", os.path.join(tmp, name),
                             "--backends", "cpu", "--no-cache",
                             "--socket", os.path.join(tmp, "never.sock")],
@@ -1742,6 +1844,100 @@ def t_policy(exe, tmp):
     check(not os.path.exists(d.sock), "socket removed")
 
 
+def client_as(sock, uid):
+    """A Client whose connection a child process of uid made (the kernel
+    records the peer at connect), handed back here over a socketpair."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(sock)
+            socket.send_fds(b, [b"c"], [c.fileno()])
+        finally:
+            os._exit(0)
+    b.close()
+    _, fds, _, _ = socket.recv_fds(a, 1, 1)
+    a.close()
+    os.waitpid(pid, 0)
+    check(len(fds) == 1, "a connection of uid %d" % uid)
+    c = Client.__new__(Client)
+    c.sock = socket.socket(fileno=fds[0])
+    c.sock.settimeout(TIMEOUT)
+    c.up = msgpack.Unpacker(raw=False)
+    c.msgid = 0
+    c.responses = {}
+    c.notes = []
+    return c
+
+
+def t_policyreload(exe, tmp):
+    """A reload whose allow lists no longer admit a connected peer closes
+    that peer's connections with the protocol.error EPERM a new connection
+    gets (dspk.conf(5), RELOAD); others, and a reload that still admits the
+    peer, leave them open.  By SIGHUP and by daemon.reload."""
+    if os.getuid() != 0:
+        print("skip: needs root (a second uid)")
+        return
+    nobody = 65534
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "policy.conf")
+    write(conf, "[policy]\nallow_users = nobody\n")
+    os.chmod(conf, 0o644)
+    d = Daemon(exe, tmp, ["--config", conf, "--no-cache"], notify=True)
+    os.chmod(d.sock, 0o666)
+    nb = client_as(d.sock, nobody)
+    check(nb.call("ping", {"data": b"n"})["data"] == b"n", "nobody connects")
+    root = d.client()
+    # Still admitted (by allow_groups now): the connection stays.
+    write(conf, "[policy]\nallow_users = 12345\nallow_groups = %d\n" % nobody)
+    d.proc.send_signal(signal.SIGHUP)
+    d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+    check(nb.call("ping", {"data": b"m"})["data"] == b"m", "still admitted: kept")
+    # No longer admitted: closed with the connect refusal.
+    write(conf, "[policy]\nallow_users = 12345\n")
+    d.proc.send_signal(signal.SIGHUP)
+    d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+    nb.expect_eof()
+    want = ("permission denied: uid %d may not connect (root, the daemon's own user (uid 0), "
+            "allow_users and allow_groups in the [policy] of dspkd.conf)" % nobody)
+    check(len(nb.notes) == 1 and nb.notes[0][1] == "protocol.error" and
+          nb.notes[0][2][0]["name"] == "EPERM" and want in str(nb.notes[0][2][0]),
+          "revoked by SIGHUP: %r" % nb.notes)
+    check("reload: 1 connection(s) closed: allow_users and allow_groups no longer admit "
+          "their users" in d.logtext(), "the closes logged:\n" + d.logtext())
+    check(root.call("ping", {"data": b"r"})["data"] == b"r", "root kept its connection")
+    # By daemon.reload: the caller (root) stays, nobody's connection goes.
+    write(conf, "[policy]\nallow_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "reload admits nobody again")
+    nb = client_as(d.sock, nobody)
+    check(nb.call("ping", {"data": b"o"})["data"] == b"o", "nobody connects again")
+    write(conf, "[policy]\nallow_groups = 12345\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "reload revokes nobody")
+    nb.expect_eof()
+    check(len(nb.notes) == 1 and nb.notes[0][2][0]["name"] == "EPERM",
+          "revoked by daemon.reload: %r" % nb.notes)
+    check(root.call("ping", {"data": b"s"})["data"] == b"s", "root kept its connection")
+    # An admin whose own daemon.reload takes it out of the allow lists: its
+    # connection is closed with the notice (no answer), the daemon goes on.
+    write(conf, "[policy]\nallow_users = nobody\nadmin_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "nobody an admin")
+    nb = client_as(d.sock, nobody)
+    write(conf, "[policy]\nallow_users = 12345\n")
+    msgid = nb.send("daemon.reload")
+    nb.expect_eof()
+    check(msgid not in nb.responses and len(nb.notes) == 1 and
+          nb.notes[0][2][0]["name"] == "EPERM", "the caller revoked: %r %r"
+          % (nb.responses, nb.notes))
+    check(root.call("ping", {"data": b"t"})["data"] == b"t", "the daemon goes on")
+    d.stop()
+
+
 def exit_path(exe, tmp, how, want_rc, backends="cpu"):
     d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": how}, backends=backends)
     a = d.client()
@@ -1857,6 +2053,7 @@ GROUPS = {
     "sigterm": t_sigterm,
     "sockreplaced": t_sockreplaced,
     "ownfiles": t_ownfiles,
+    "cachefiles": t_cachefiles,
     "fast": t_fast,
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,
@@ -1865,6 +2062,7 @@ GROUPS = {
     "config": t_config,
     "exits": t_exits,
     "policy": t_policy,
+    "policyreload": t_policyreload,
     "earlysig": t_earlysig,
     "ignored": t_ignored,
     "stopmetrics": t_stopmetrics,

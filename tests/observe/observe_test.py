@@ -605,7 +605,19 @@ def t_httpidle(exe, submit, tmp):
                                     timeout=TIMEOUT) as r:
             check(r.status == 200 and b"dspk_connections" in r.read(),
                   "a scrape of %s on a listener on every address" % host)
+    check("(every address, IPv6 and IPv4)" in d.logtext(), ":0 said every address")
     d.stop()
+    # [::]:0 is the same listener as :0 (dual-stack), and said so.
+    if has_v6:
+        d = Daemon(exe, tmp, ["--metrics-listen", "[::]:0"])
+        url = d.metrics_url()
+        m = re.match(r"http://\[::\]:([1-9]\d*)/metrics$", url)
+        check(m and "(every address, IPv6 and IPv4)" in d.logtext(),
+              "[::]:0 said every address:\n" + d.logtext())
+        with urllib.request.urlopen("http://127.0.0.1:%s/metrics" % m.group(1),
+                                    timeout=TIMEOUT) as r:
+            check(r.status == 200, "[::]:0 is reached over IPv4")
+        d.stop()
 
     # An address of another host: the error names the cause, not "port 0".
     p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "bad2.sock"),

@@ -348,8 +348,73 @@ static void test_visible(void **state) {
   assert_string_equal(dspk__utf8_visible(b, 1, "ab", 2), "");
 }
 
+/* Writes cp as UTF-8 into out; returns its length. */
+static size_t put_utf8(char *out, uint32_t cp) {
+  if (cp < 0x80) {
+    out[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (char)(0xC0 | cp >> 6);
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (char)(0xE0 | cp >> 12);
+    out[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+    out[2] = (char)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = (char)(0xF0 | cp >> 18);
+  out[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+  out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+  out[3] = (char)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+/* dspk__utf8_visible escapes every character that prints as nothing or as
+ * a plain space (default-ignorable, Cf, Zs but U+0020, U+2800), the
+ * ranges' ends included, and nothing just outside them. */
+static void test_visible_invisibles(void **state) {
+  static const uint32_t hidden[][2] = {
+      {0x00A0, 0x00A0},   {0x00AD, 0x00AD},   {0x034F, 0x034F},   {0x0600, 0x0605},
+      {0x061C, 0x061C},   {0x06DD, 0x06DD},   {0x070F, 0x070F},   {0x0890, 0x0891},
+      {0x08E2, 0x08E2},   {0x115F, 0x1160},   {0x1680, 0x1680},   {0x17B4, 0x17B5},
+      {0x180B, 0x180F},   {0x2000, 0x200F},   {0x2028, 0x202F},   {0x205F, 0x206F},
+      {0x2800, 0x2800},   {0x3000, 0x3000},   {0x3164, 0x3164},   {0xFE00, 0xFE0F},
+      {0xFEFF, 0xFEFF},   {0xFFA0, 0xFFA0},   {0xFFF0, 0xFFFB},   {0x110BD, 0x110BD},
+      {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A},
+      {0xE0000, 0xE0FFF},
+  };
+  /* Visible neighbours: the characters next to the ranges above. */
+  static const uint32_t shown[] = {0x0021, 0x00A1, 0x00AE, 0x034E, 0x0350, 0x0606,
+                                   0x115E, 0x1161, 0x167F, 0x1681, 0x2010, 0x2027,
+                                   0x2030, 0x205E, 0x2070, 0x27FF, 0x2801, 0x3001, 0x3163,
+                                   0x3165, 0xFDFF, 0xFE10, 0xFF9F, 0xFFA1, 0xFFFC,
+                                   0x1D172, 0x1D17B, 0xDFFFF, 0xE1000, 0x4E00, 0x1F600};
+  char in[8], b[32], want[32];
+  (void)state;
+  for (size_t r = 0; r < sizeof hidden / sizeof hidden[0]; r++)
+    for (uint32_t cp = hidden[r][0]; cp <= hidden[r][1]; cp++) {
+      size_t n = put_utf8(in, cp);
+      snprintf(want, sizeof want, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", (unsigned)cp);
+      assert_string_equal(dspk__utf8_visible(b, sizeof b, in, n), want);
+    }
+  for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+    size_t n = put_utf8(in, shown[i]);
+    memcpy(want, in, n);
+    want[n] = '\0';
+    assert_string_equal(dspk__utf8_visible(b, sizeof b, in, n), want);
+  }
+  /* The examples of probe 14: U+FE0F after a digit, a tag after a word. */
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, "3\xef\xb8\x8f", 4), "3\\ufe0f");
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, "info\xf3\xa0\x80\x81", 8),
+                      "info\\U000e0001");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_visible_invisibles),
       cmocka_unit_test(test_valid_against_reference),
       cmocka_unit_test(test_cut),
       cmocka_unit_test(test_copy),
