@@ -623,18 +623,6 @@ int dspkd_m_job_end(struct req *r) {
   if (j && r->c->job == j)
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
                 " and cannot end it", id);
-  /* Undecided, but named the job's by its cgroup or hello: of the job, as
-   * the loop below binds such connections (and would close this one's
-   * equals while sparing it). */
-  {
-    const char *how;
-    uint64_t named;
-    if (j && !r->c->job_state && conn_names_job(r->c, &named, &how) && named == id &&
-        r->c->uid == j->uid)
-      return fail(r, DSPK_EINVAL, "this connection is of Slurm job %" PRIu64 " (%s; it has "
-                  "not asked for a device yet) and cannot end it", id,
-                  strcmp(how, "cgroup") == 0 ? "its cgroup is the job's" : "its hello claims it");
-  }
   if (j && (err = job_end_room(j)) < 0)
     return err;
   /* A connection of the job that has not asked for a device yet (its job
