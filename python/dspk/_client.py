@@ -680,13 +680,19 @@ def _main_in_future_code() -> bool:
     return False
 
 
+def _on_main() -> bool:
+    """Whether this is the main thread, the one that runs signal handlers (by ident:
+    threading.current_thread() on a thread started by _thread makes a dummy Thread)."""
+    return _thread.get_ident() == threading.main_thread().ident
+
+
 def _waiter_usable(waiter: Any) -> bool:
     """Whether a waiter of concurrent.futures.wait()/as_completed() on a future can be
     told (its add_result() sets a threading.Event): on a thread other than the main
     one, not when the Event's lock stayed held _FUTURE_LOCK_STALE seconds (an
     interruption of the main thread's wait left it held, and that wait() ended: nobody
     waits on it any more, and telling it would block for ever)."""
-    if threading.current_thread() is threading.main_thread():
+    if _on_main():
         return True
     lock = getattr(getattr(getattr(waiter, "event", None), "_cond", None), "_lock", None)
     if lock is None or not hasattr(lock, "acquire"):
@@ -751,7 +757,7 @@ class TaskFuture(concurrent.futures.Future):
         over), so the thread completing the future never blocks for ever; when it
         does (a process stopped, a debugger's pause), the wait goes on."""
         cond = self._condition
-        if threading.current_thread() is threading.main_thread():
+        if _on_main():
             return cond
         while not cond.acquire(timeout=_FUTURE_LOCK_STALE):
             if _main_in_future_code():
@@ -958,7 +964,14 @@ class TaskFuture(concurrent.futures.Future):
             except Exception:
                 raise  # concurrent.futures logs it
             except BaseException:  # noqa: B036 - the callback's own: see above
-                pass
+                if _on_main():
+                    # A signal handler's exception (the main thread read the answer):
+                    # the interruption propagates, and the callback, not counted as
+                    # run, runs again with the next attempt to settle the future
+                    # (_run_ready, the next read): swallowed here, it was lost, and
+                    # a future it completes (a worker's submit() following its
+                    # task) stayed pending for ever.
+                    raise
 
         self._add_callback(guarded)
 
@@ -4584,6 +4597,11 @@ class Client:
                         results.append(decode({"outputs": [t]}, k)[0])
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
+                if not isinstance(e, Exception) and _on_main():
+                    # A signal handler's exception, the main thread reading: not the
+                    # task's outcome.  It propagates; this callback runs again with
+                    # the next attempt to settle the task's future (see _add_inline).
+                    raise
                 err = _as_error(e)
                 if isinstance(e, _Malformed):
                     err = _errors.ProtocolError("task.run (request %d): a malformed "

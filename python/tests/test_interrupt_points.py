@@ -648,3 +648,68 @@ def test_an_interruption_by_a_trace_function_at_any_line_leaves_nothing_held(dae
             lines = seen[0]
             break
     assert lines is not None
+
+
+def _interrupt_in_files(n, files, events=("call", "c_return")):
+    """As _interrupt_at, for the points in ``files`` (threading.py, concurrent.futures'
+    _base.py: the standard library's code the client calls)."""
+    seen = [0]
+
+    def prof(frame, event, arg):
+        if event not in events or frame.f_code.co_filename not in files:
+            return
+        seen[0] += 1
+        if seen[0] == n + 1:
+            seen.append("%s:%d %s %s" % (os.path.basename(frame.f_code.co_filename),
+                                         frame.f_lineno, frame.f_code.co_name, event))
+            raise _Injected()
+    return prof, seen
+
+
+@pytest.fixture(scope="module")
+def small_daemon():
+    """A daemon whose messages are at most 64 KiB: operands above are staged (a
+    submit() of one goes to the worker thread)."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "64K"])
+    yield d
+    d.stop()
+
+
+def _mine(c):
+    c.ping()
+    c.ping()
+    return [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
+
+
+def test_an_interruption_in_result_of_a_worker_submit_propagates_and_completes(small_daemon):
+    """A KeyboardInterrupt as result() of a submit() the worker staged reached
+    concurrent.futures (the main thread, reading, settled the task's future, whose
+    done-callback completes the submit()'s future by its exception()): the client's
+    own callback swallowed it and was taken as run.  The interruption was lost
+    (result(5) waited 5 s and raised TimeoutError), the future stayed pending for ever
+    and its staged temporary stayed in the daemon.  Now the interruption propagates
+    and the callback runs again: the first points of concurrent.futures' code in turn
+    (where the answer is read and settled on the main thread)."""
+    import concurrent.futures._base as cf
+    big = np.ones(300 * 300, np.float32)  # above max_message: staged by the worker
+    hit = 0
+    for n in range(5):  # Future.exception's entry and its lock's release, result's
+        with dspk.connect(small_daemon.socket, timeout=TIMEOUT) as c:
+            f = c.submit("map", "scale", big, alpha=2.0)
+            prof, seen = _interrupt_in_files(n, {cf.__file__})
+            t0 = time.monotonic()
+            sys.setprofile(prof)
+            try:
+                r = f.result(TIMEOUT)
+            except _Injected:
+                hit += 1
+                r = None
+            finally:
+                sys.setprofile(None)
+            assert time.monotonic() - t0 < TIMEOUT / 2, (n, "the interruption was lost")
+            if r is None:
+                r = f.result(TIMEOUT)  # completes
+            assert f.done() and r[0] == 2.0
+            assert _mine(c) == len(c._temps), n
+    assert hit > 0
