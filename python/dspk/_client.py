@@ -340,6 +340,27 @@ class _Job:
         self.stop = False
 
 
+class _Runner:
+    """A client thread started by _launch: its token, and the ident it runs on (0 until
+    it runs)."""
+    __slots__ = ("ident",)
+
+    def __init__(self) -> None:
+        self.ident = 0
+
+
+def _launch(fn: Callable[..., None], *args: Any) -> None:
+    """Starts ``fn(*args)`` on a new thread (RuntimeError when none can be had).  By
+    _thread.start_new_thread, not threading.Thread.start(): start() waits for the new
+    thread in Python code (an Event), and a signal handler's exception there left the
+    Event's lock held, the new thread blocked for ever in its set() and the caller
+    with a RuntimeError (taken for "no thread") in place of the interruption.  Here
+    nothing waits: the thread starts in one C call, and ``fn`` itself takes up its
+    work, so an interruption before or after that call leaves no half-started
+    thread."""
+    _thread.start_new_thread(fn, args)
+
+
 class _ClosedWhileSending(Exception):
     """close() woke a thread waiting for room to send."""
 
@@ -727,7 +748,7 @@ class TaskFuture(concurrent.futures.Future):
     waits) run the callbacks due meanwhile, so that a settle queued behind progress
     calls is not waited for in vain; called on a thread that reads the connection they
     read it themselves until the future completes, as a synchronous call does."""
-    msgid: int = 0
+    _msgid: int = 0
     # Its request is written whole (set with no call after the last byte's count, so
     # that an interruption after that point still finds it): an answer will come.
     sent: bool = False
@@ -744,6 +765,11 @@ class TaskFuture(concurrent.futures.Future):
     def __init__(self) -> None:
         super().__init__()
         self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
+
+    @property
+    def msgid(self) -> int:
+        """Its request's id (read-only; 0 until a worker's submit() sent its task)."""
+        return self._msgid
 
     def _locked(self) -> Any:
         """The future's lock, for a ``with`` block.  On the main thread (the one that
@@ -883,6 +909,9 @@ class TaskFuture(concurrent.futures.Future):
         owner = self._owner() if self._owner is not None else None
         if owner is not None and not self.done() and owner._forked():
             raise owner._fork_error()  # nothing in this process will ever complete it
+        if owner is not None and self._job is not None and not self.done() and \
+                not owner._is_worker():
+            owner._ensure_worker()  # jobs queued with no worker (an interrupted launch)
         if owner is not None and self._job is not None and not self.done() and \
                 owner._is_worker():
             # A callback the worker runs waits for a later submit() of the worker's:
@@ -1229,14 +1258,41 @@ class DeviceArray:
 
     def __init__(self, client: "Client", buffer: int, device: str, shape: Tuple[int, ...],
                  dtype: np.dtype, offset: int = 0, size: Optional[int] = None) -> None:
-        self.client = client
-        self.buffer = buffer
-        self.device = device
-        self.shape = tuple(int(n) for n in shape)
-        self.dtype = np.dtype(dtype)
+        # Read-only (properties below): the client goes by them, so an assignment
+        # would read or free another buffer, or pass another connection's as this one's.
+        self._client = client
+        self._buffer = buffer
+        self._device = device
+        self._shape = tuple(int(n) for n in shape)
+        self._dtype = np.dtype(dtype)
         self.offset = offset
         self.size_bytes = size if size is not None else self.nbytes
         self._freed = False
+
+    @property
+    def client(self) -> "Client":
+        """The Client whose connection holds the buffer (read-only)."""
+        return self._client
+
+    @property
+    def buffer(self) -> int:
+        """The daemon's buffer id, on ``client``'s connection (read-only)."""
+        return self._buffer
+
+    @property
+    def device(self) -> str:
+        """The device the buffer is on (read-only)."""
+        return self._device
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The tensor's shape (read-only)."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The tensor's dtype (read-only)."""
+        return self._dtype
 
     @property
     def nbytes(self) -> int:
@@ -1962,6 +2018,22 @@ def _sendable(text: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
+def _check_timeout(timeout: Any) -> Optional[float]:
+    """A client's timeout as connect() takes it (and ``c.timeout = ...``): None, or a
+    number of seconds more than 0 (one beyond any wait: None)."""
+    if isinstance(timeout, numbers.Integral) and not isinstance(timeout, (bool, np.bool_)) \
+            and timeout > _TIMEOUT_FOREVER:  # 10**400 too, which no float holds
+        return None
+    if timeout is not None:
+        timeout = _number("timeout", timeout)
+        if not timeout > 0:  # NaN too: no call could ever be answered
+            raise _errors.InvalidArgument("timeout: %r seconds (want more than 0, or "
+                                          "None to wait for ever)" % timeout)
+        if timeout > _TIMEOUT_FOREVER:  # inf too: no wait can take it
+            return None
+    return timeout
+
+
 def _job_id(v: str) -> int:
     """``v`` as a Slurm job id (a decimal number from 1 to 2^64-1 without leading zeros,
     signs or blanks: hello's job is a uint64), else 0."""
@@ -2017,16 +2089,7 @@ class Client:
             # with a NUL names an abstract socket): another socket than the one meant.
             raise _errors.InvalidArgument("socket: the path %r holds a NUL character"
                                           % self.socket_path)
-        if isinstance(timeout, numbers.Integral) and not isinstance(timeout, (bool, np.bool_)) \
-                and timeout > _TIMEOUT_FOREVER:  # 10**400 too, which no float holds
-            timeout = None
-        if timeout is not None:
-            timeout = _number("timeout", timeout)
-            if not timeout > 0:  # NaN too: no call could ever be answered
-                raise _errors.InvalidArgument("timeout: %r seconds (want more than 0, or "
-                                              "None to wait for ever)" % timeout)
-            if timeout > _TIMEOUT_FOREVER:  # inf too: no wait can take it
-                timeout = None
+        timeout = _check_timeout(timeout)
         if name is not None:
             _string("name", name)
             if "\0" in name:  # the daemon's status would show the name cut there
@@ -2036,7 +2099,7 @@ class Client:
             except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
-        self.timeout = timeout
+        self._timeout: Optional[float] = timeout
         self._env_job = _env_job()  # before connecting: a malformed $DSPK_JOB is the caller's
         # Every descriptor made here is held by an object that closes it when collected
         # (the socket, the wake-up socket pair below): one that an interruption drops
@@ -2121,7 +2184,7 @@ class Client:
         self._reading = False            # some thread is in the pump
         self._reader_ident = 0           # ...this one
         self._async = 0                  # pending submit() futures
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[_Runner] = None  # the reader's (see _ensure_reader)
         self._closed: Optional[Error] = None   # set once the connection is unusable
         self._protocol_error: Optional[Error] = None
         try:
@@ -2148,7 +2211,7 @@ class Client:
         # The automatic shared-memory path (libdspkclient's): inline operands and
         # results of at least shared_threshold bytes on cpu:0 go through reused
         # shared temporaries instead of the socket.
-        self.shared_threshold = _env_threshold()
+        self._shared_threshold = _env_threshold()
         self._temps: List[_Temp] = []
         self._temp_clock = 0
         self._temp_lock = threading.Lock()
@@ -2164,7 +2227,10 @@ class Client:
         self._work_cond = threading.Condition(self._work_lock)
         self._jobs: "collections.deque[_Job]" = collections.deque()
         self._jobs_pending = 0           # jobs queued or running whose task is unsent
-        self._worker: Optional[threading.Thread] = None
+        # The worker's token (_Runner): set while one runs or is launched.  Whoever
+        # finds jobs queued and none (an interruption cut a launch) launches one
+        # (_ensure_worker_locked: submit(), the calls that wait for the jobs, result()).
+        self._worker: Optional[_Runner] = None
         self._tl = threading.local()     # .deferring: in submit()'s first attempt
         # The user's callbacks (done-callbacks, progress calls) run in order on one
         # thread of their own, started when one is queued and gone when none is: never
@@ -2191,9 +2257,9 @@ class Client:
         if job:
             params["job"] = job     # the Slurm job this process runs in
         hello = self._call("hello", params, _decode_hello)  # failing: _abandon
-        self.name = name
-        self.daemon_version: str = hello[0]
-        self.client_id: int = hello[1]
+        self._name = name
+        self._daemon_version: str = hello[0]
+        self._client_id: int = hello[1]
         self._limits = hello[2]
 
     def _abandon(self, sock: _socket.socket) -> None:
@@ -2255,8 +2321,10 @@ class Client:
         self._drop_temps_closed()
         self._send_lock.wake()  # a thread waiting to send sees the client closed
         t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join()
+        if t is not None and t.ident != _thread.get_ident():
+            with self._lock:  # until the reader has ended (it sees the client closed)
+                while self._thread is t:
+                    _wait_in(self._cond, _SEND_RECHECK)
         self._release_fds()
 
     def _release_fds(self) -> None:
@@ -2350,6 +2418,46 @@ class Client:
     @property
     def closed(self) -> bool:
         return self._closed is not None or self._forked()
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds any one call may wait (None: for ever).  Settable: a value is
+        checked as connect() checks it (dspk.InvalidArgument)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: Any) -> None:
+        self._timeout = _check_timeout(value)
+
+    @property
+    def shared_threshold(self) -> int:
+        """Bytes from which a plain numpy operand or result goes through a shared
+        temporary (0: never).  Settable: an integer of 0 or more (dspk.InvalidArgument
+        otherwise)."""
+        return self._shared_threshold
+
+    @shared_threshold.setter
+    def shared_threshold(self, value: Any) -> None:
+        v = _integer("shared_threshold", value)
+        if v < 0:
+            raise _errors.InvalidArgument("shared_threshold: %d bytes (want 0 or more; "
+                                          "0: never)" % v)
+        self._shared_threshold = v
+
+    @property
+    def name(self) -> Optional[str]:
+        """The name given to connect() (read-only)."""
+        return self._name
+
+    @property
+    def daemon_version(self) -> str:
+        """The daemon's version, from its hello (read-only)."""
+        return self._daemon_version
+
+    @property
+    def client_id(self) -> int:
+        """This connection's id in the daemon, from its hello (read-only)."""
+        return self._client_id
 
     @property
     def limits(self) -> Mapping[str, int]:
@@ -2710,7 +2818,7 @@ class Client:
             while msgid in self._pending:
                 msgid = msgid % 0xFFFFFFFF + 1
             self._next_id = msgid % 0xFFFFFFFF + 1
-            fut.msgid = msgid
+            fut._msgid = msgid
             self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
             if into is not None:  # buffer.read: its answer's bytes go straight to `into`
                 n = into.nbytes
@@ -3353,32 +3461,39 @@ class Client:
 
     def _ensure_reader(self) -> None:
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._thread is not None:
                 self._cond.notify_all()
                 return
-            t = threading.Thread(target=self._reader_main, daemon=True,
-                                 name="dspk-reader")
-            self._thread = t
+            t = _Runner()
             try:
-                t.start()
+                _launch(self._reader_main, t)  # see _launch: no half-started thread
             except RuntimeError:
                 # No thread to be had (RuntimeError "can't start new thread"): the
                 # request is sent, so no error here; result() and exception() of the
                 # futures read the connection themselves while no reader runs (_pump).
-                self._thread = None
+                return
+            if self._thread is None:  # (it took up the reading itself meanwhile)
+                self._thread = t
 
-    def _reader_main(self) -> None:
+    def _reader_main(self, token: _Runner) -> None:
         """Reads while submit() futures are pending; exits when none is (the next
-        submit() starts it again)."""
-        me = threading.get_ident()
+        submit() starts it again).  Takes up the reading as the reader when no other
+        thread has (the launch's caller was interrupted before it set the token)."""
+        me = token.ident = _thread.get_ident()
+        with self._lock:
+            if self._thread is None:
+                self._thread = token
         while True:
             try:
                 with self._lock:
-                    while self._reading and self._async and self._closed is None:
+                    while self._reading and self._async and self._closed is None \
+                            and self._thread is token:
                         self._cond.wait(_SEND_RECHECK)
-                    if not self._async or self._closed is not None:
-                        self._thread = None if self._thread is threading.current_thread() \
-                            else self._thread
+                    if not self._async or self._closed is not None or \
+                            self._thread is not token:
+                        if self._thread is token:
+                            self._thread = None
+                        self._cond.notify_all()
                         return
                     self._reading, self._reader_ident = True, me
                 while self._closed is None:
@@ -3402,7 +3517,38 @@ class Client:
     def _is_worker(self) -> bool:
         """Whether this thread is the client's worker (running deferred submit()s)."""
         w = self._worker
-        return w is not None and w is threading.current_thread()
+        return w is not None and w.ident == _thread.get_ident()
+
+    def _ensure_worker_locked(self) -> None:
+        """Under _work_lock: launches a worker where jobs are queued and none runs or
+        is launched (RuntimeError where no thread can be had).  The token is set only
+        once the launch returned; a launch whose return an interruption cut leaves it
+        None, and the thread launched takes up the work itself (_worker_main), or a
+        later call launches another: the queue never stays with no worker."""
+        if self._jobs and self._worker is None and self._closed is None:
+            token = _Runner()
+            _launch(self._worker_main, token)
+            if self._worker is None:
+                self._worker = token
+
+    def _ensure_worker(self) -> None:
+        """_ensure_worker_locked for a call that waits for the jobs queued: where no
+        thread can be had, the jobs queued end with dspk.LimitExceeded (nothing of
+        them was sent) rather than being waited for in vain."""
+        jobs: List[_Job] = []
+        with self._work_lock:
+            try:
+                self._ensure_worker_locked()
+            except RuntimeError as e:
+                if self._worker is None:
+                    jobs = list(self._jobs)
+                    self._jobs.clear()
+                    self._jobs_pending -= len(jobs)
+                    self._work_cond.notify_all()
+                err = e
+        for job in jobs:
+            self._settle(job.future, exc=_errors.LimitExceeded(
+                "submit: no thread for the client's worker (%s)" % err))
 
     def _no_wait(self, always: bool = True) -> None:
         """In submit()'s first attempt, on the caller's thread: _Defer where the op would
@@ -3463,45 +3609,37 @@ class Client:
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
         user._add_inline(lambda f, job=job: self._job_done(job))
-        start: Optional[threading.Thread] = None
-        started = False
-        try:
-            with self._work_lock:
-                if self._closed is not None:
-                    raise self._closed_error()
-                self._jobs.append(job)
-                self._jobs_pending += 1
-                if self._worker is None:
-                    start = self._worker = threading.Thread(
-                        target=self._worker_main, daemon=True, name="dspk-worker")
-                else:
+        with self._work_lock:
+            if self._closed is not None:
+                raise self._closed_error()
+            self._jobs.append(job)
+            self._jobs_pending += 1
+            self._work_cond.notify_all()
+            try:
+                self._ensure_worker_locked()
+            except RuntimeError as e:  # _thread: "can't start new thread"
+                if self._worker is None and job in self._jobs:
+                    # Nothing of this submit() was sent (nor of those before it,
+                    # queued with no worker either): it is refused.
+                    self._jobs.remove(job)
+                    self._jobs_pending -= 1
                     self._work_cond.notify_all()
-            if start is not None:
-                start.start()
-                started = True
-        except BaseException as e:  # noqa: B036 - KeyboardInterrupt too
-            if start is not None and not started and start.ident is None:
-                # The worker never ran (no thread to be had, or an interruption
-                # before it started): nothing of this submit() was sent, and the
-                # next one starts a worker of its own.
-                with self._work_lock:
-                    if self._worker is start:
-                        self._worker = None
-                    if job in self._jobs:
-                        self._jobs.remove(job)
-                        self._jobs_pending -= 1
-                    self._work_cond.notify_all()
-            if isinstance(e, RuntimeError):  # threading.start: "can't start new thread"
-                raise _errors.LimitExceeded("submit: no thread for the client's worker "
-                                            "(%s)" % e) from None
-            raise
+                    raise _errors.LimitExceeded("submit: no thread for the client's "
+                                                "worker (%s)" % e) from None
+        # An interruption anywhere here leaves the job queued with a worker launched,
+        # or queued for the next call to launch one: submit() raises it, and the
+        # future, not returned, is ended by its job as any other.
         return user
 
-    def _worker_main(self) -> None:
+    def _worker_main(self, me: _Runner) -> None:
         """Runs the deferred submit()s in order; exits when none is queued (the next
-        one starts it again).  A daemon thread: the interpreter's exit never waits for
-        it."""
-        me = threading.current_thread()
+        one starts it again).  Started by _launch (the interpreter's exit never waits
+        for it); takes up the work when no other worker has (the launch's caller was
+        interrupted before it set the token)."""
+        me.ident = _thread.get_ident()
+        with self._work_lock:
+            if self._worker is None and self._jobs and self._closed is None:
+                self._worker = me
         while True:
             with self._work_lock:
                 if not self._jobs or self._worker is not me:
@@ -3543,7 +3681,7 @@ class Client:
                 stop = job.stop
             try:
                 if inner is not None:
-                    job.future.msgid = inner.msgid
+                    job.future._msgid = inner.msgid
                     if stop or job.future.done():  # canceled while it was being sent
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
@@ -3599,6 +3737,7 @@ class Client:
                 self._is_reader() or getattr(self._tl, "deferring", False):
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._ensure_worker()
         with self._work_lock:
             while self._jobs_pending and self._closed is None:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -4558,7 +4697,7 @@ class Client:
         user = TaskFuture()
         user._owner = weakref.ref(self)
         inner = self._start("task.run", args, None, progress, is_async, bigs)
-        user.msgid = inner.msgid
+        user._msgid = inner.msgid
         lock = threading.Lock()
         freed = [False]
 

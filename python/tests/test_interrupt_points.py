@@ -713,3 +713,54 @@ def test_an_interruption_in_result_of_a_worker_submit_propagates_and_completes(s
             assert f.done() and r[0] == 2.0
             assert _mine(c) == len(c._temps), n
     assert hit > 0
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("where", ["client", "threading"])
+def test_an_interrupted_submit_to_the_worker_leaves_it_running(small_daemon, where):
+    """A KeyboardInterrupt in submit() as it started the worker thread: inside
+    threading.Thread.__init__ (before start()) the task stayed queued with no worker,
+    and every later call raised Timeout "the submit()s made before it were not sent"
+    (hung without a timeout); inside Thread.start()'s wait for the new thread, that
+    thread stayed blocked for ever in its Event.set() (the Event's lock left held) and
+    submit() raised LimitExceeded "no thread for the client's worker" in place of the
+    interruption.  Now the worker is launched in one C call and takes up the work
+    itself, and whoever finds jobs queued with no worker launches one: at every point
+    of submit() (the client's and threading's code) in turn, the interruption
+    propagates as itself, the next call works and no thread is left behind."""
+    files = {CLIENT_FILE} if where == "client" else {threading.__file__}
+    big = np.ones(300 * 300, np.float32)  # above max_message: the worker stages it
+    gc.collect()
+    time.sleep(0.2)
+    before = _threads()
+    hit = 0
+    for n in range(100000):
+        c = dspk.connect(small_daemon.socket, timeout=TIMEOUT)
+        prof, seen = _interrupt_in_files(n, files)
+        f = None
+        sys.setprofile(prof)
+        try:
+            f = c.submit("map", "scale", big, alpha=2.0)
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # a message was cut
+        finally:
+            sys.setprofile(None)
+        if not c.closed:
+            t0 = time.monotonic()
+            assert c.ping() > 0, n  # not stuck behind a job no worker runs
+            assert time.monotonic() - t0 < TIMEOUT / 2, (n, seen)
+            if f is not None:
+                assert f.result(TIMEOUT)[0] == 2.0
+        c.close()
+        if seen[0] <= n:
+            break
+    assert hit > 0 or where == "threading", (hit, n)
+    deadline = time.monotonic() + TIMEOUT
+    while _threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads() <= before, "a client thread stays behind"
