@@ -38,7 +38,7 @@ import weakref
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, TypeVar, Union, cast, overload)
+                    Set, Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
 import numpy as np
@@ -500,6 +500,36 @@ class _SharedRef(weakref.ref):
         return self
 
     def __init__(self, ob: Any, callback: Callable[[Any], Any], buffer: int) -> None:
+        super().__init__(ob, callback)
+
+
+class _Claim:
+    """The record that owns a buffer a call makes (buffer.create) from before its answer
+    is read until the call hands the buffer over (the DeviceArray returned, the staged
+    operand listed for its free): held by the call's frame, so an interruption anywhere
+    in between drops it, and its _ClaimRef (``ref``) then owes the buffer a free.  No
+    window between the answer and the record: the record exists before the answer."""
+    __slots__ = ("ref", "__weakref__")
+
+    def __init__(self) -> None:
+        self.ref: Optional[_ClaimRef] = None
+
+
+class _ClaimRef(weakref.ref):
+    """The weak reference to a _Claim whose callback is the client's
+    ``_dead_claims.append`` (C code: no signal handler can cut the noting): once the
+    claim is collected, the buffer the future ``fut`` makes is owed a free, unless
+    ``handed`` (set with no call right before the hand-over)."""
+    __slots__ = ("fut", "handed")
+
+    def __new__(cls, ob: Any, callback: Callable[[Any], Any], fut: TaskFuture
+                ) -> "_ClaimRef":
+        self = super().__new__(cls, ob, callback)
+        self.fut = fut
+        self.handed = False
+        return self
+
+    def __init__(self, ob: Any, callback: Callable[[Any], Any], fut: TaskFuture) -> None:
         super().__init__(ob, callback)
 
 
@@ -2205,6 +2235,11 @@ class Client:
         # free never hangs on a done-callback that an interruption can cut as it
         # starts (_orphaned_buffer is only the quick path).
         self._orphans: List[TaskFuture] = []
+        # The _ClaimRef of each buffer being made (kept so that its callback runs as its
+        # _Claim is collected), and those whose claim was collected (looked at by
+        # _take_orphans: the buffer of one not handed over is an orphan's).
+        self._claims: Set[_ClaimRef] = set()
+        self._dead_claims: List[_ClaimRef] = []
         # The _SharedRef of each shared array (buffer id -> it): kept here so that its
         # callback runs when the array is collected.
         self._shared_refs: Dict[int, _SharedRef] = {}
@@ -2382,6 +2417,7 @@ class Client:
             self._closed = self._fork_error()
         del self._dead_shared[:]  # the same list: finalizers append to it
         del self._orphans[:]
+        del self._dead_claims[:]
         try:
             self._sock.close()  # close(2) of this process's descriptor only
         except OSError:
@@ -2541,7 +2577,7 @@ class Client:
             if sl.owner is token:  # no call before the store: nothing can cut it
                 sl.owner = None
                 self._after_send()
-        if self._dead_shared:  # queued while this thread held the lock
+        if self._dead_shared or self._dead_claims:  # queued while this thread held the lock
             self._flush_frees()
 
     def _gone(self) -> Optional[BaseException]:
@@ -2752,7 +2788,7 @@ class Client:
         # interruption in between (a signal handler's exception) frees it twice at
         # worst, which is harmless (the daemon never reuses a buffer id: the second
         # is an ENOBUF answer to msgid 0, dropped), never not at all.
-        if self._orphans:
+        if self._orphans or self._dead_claims:
             self._take_orphans()
         while self._dead_shared and self._closed is None:
             try:
@@ -2874,15 +2910,21 @@ class Client:
         return self._wait(self._start(method, args, decode, bigs=bigs))
 
     def _new_buffer(self, method: str, args: Mapping[str, Any],
-                    fds: Optional[List[int]] = None) -> Any:
+                    fds: Optional[List[int]] = None, claim: Optional[_Claim] = None) -> Any:
         """The answer of a call that makes a buffer (buffer.create, buffer.import).  When
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
-        is freed by the next request instead of staying the connection's."""
+        is freed by the next request instead of staying the connection's.  With
+        ``claim`` (the caller's, held until it hands the buffer over), the buffer is
+        owned by that claim from before the answer is read (see _Claim)."""
         for again in (False, True):
             owner: List[TaskFuture] = []
             try:
-                return self._wait(self._start(method, args, self._decode_buffer, fds=fds,
-                                              owner=owner))
+                fut = self._start(method, args, self._decode_buffer, fds=fds, owner=owner)
+                if claim is not None:
+                    ref = _ClaimRef(claim, self._dead_claims.append, fut)
+                    self._claims.add(ref)  # (cut before: the except below owns it)
+                    claim.ref = ref
+                return self._wait(fut)
             except (_errors.LimitExceeded, _errors.OutOfMemory):
                 # Idle shared temporaries count toward the same limits (max_buffers,
                 # the memory quotas): freed, and the allocation tried once more.
@@ -2918,7 +2960,15 @@ class Client:
             self._flush_frees()
 
     def _take_orphans(self) -> None:
-        """Makes the buffer of each answered orphan (see _orphans) owed a free."""
+        """Makes the buffer of each answered orphan (see _orphans) owed a free, the
+        futures of the claims collected before their buffer was handed over (see
+        _Claim) first among them (an interruption in between: freed twice at worst)."""
+        while self._dead_claims:
+            ref = self._dead_claims[-1]
+            if not ref.handed:
+                self._orphans += [ref.fut]
+            self._dead_claims.pop()
+            self._claims.discard(ref)
         for fut in list(self._orphans):
             if fut.done():  # else not answered yet
                 self._owe_orphan(fut)
@@ -3821,15 +3871,40 @@ class Client:
 
     # ---- device buffers ----------------------------------------------------------
 
-    @_public
+    def _handing(self, make: Callable[..., DeviceArray], *args: Any) -> DeviceArray:
+        """The DeviceArray ``make(*args, claim)`` returns, handed over to the caller:
+        its buffer is owned by a _Claim until the last step, which sets the claim
+        handed and returns with no call in between (an interruption before drops the
+        claim with the array, and the buffer is freed).  _public's work is done here,
+        not by a wrapper: a wrapper's return is a point where a signal handler runs,
+        after the hand-over and before the caller has the array."""
+        tracer = sys.gettrace()
+        if tracer is not None:
+            sys.settrace(None)
+        claim = _Claim()
+        try:
+            d = make(*(args + (claim,)))
+        finally:
+            if tracer is not None:
+                sys.settrace(tracer)
+        claim.ref.handed = True  # type: ignore[union-attr]  # no call: see _Claim
+        return d
+
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        return self._handing(self._empty, shape, dtype, device)
+
+    @_errors_as_dspk
+    def _empty(self, shape: Union[int, Sequence[int]], dtype: Any, device: str,
+               claim: _Claim) -> DeviceArray:
+        """empty(), its buffer owned by ``claim`` (the caller's) until handed over."""
         device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt, self._limits)
-        res = self._new_buffer("buffer.create", {"device": device, "size": nbytes})
+        res = self._new_buffer("buffer.create", {"device": device, "size": nbytes},
+                               claim=claim)
         try:
             return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
                                size=int(res.get("size", nbytes)))
@@ -3838,18 +3913,25 @@ class Client:
                 self._free_quietly(res["buffer"])
             raise
 
-    @_public
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
+        return self._handing(self._to_device, array, device)
+
+    @_errors_as_dspk
+    def _to_device(self, array: ArrayLike, device: str, claim: _Claim) -> DeviceArray:
+        """to_device(), its buffer owned by ``claim`` (the caller's): an interruption
+        anywhere before the caller hands the buffer over leaves it to the claim's free,
+        a failure of the writes frees it here."""
         device = _device(device)
         a = _as_array(array, "array", self._limits)
-        d = self.empty(a.shape, a.dtype, device)
+        d = self._empty(a.shape, a.dtype, device, claim)
         try:
             self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
         except BaseException:
             try:
                 d.free()
+                claim.ref.handed = True  # type: ignore[union-attr]  # freed: not twice
             except Error:
                 pass
             raise
@@ -4429,8 +4511,10 @@ class Client:
                     # the task (a kernel's language, the op on its first input's
                     # dtype), not the daemon's choice for a bare buffer.
                     target = self._task_device(op, inputs, options)
-                d = self.to_device(a, target)
+                claim = _Claim()  # owns the buffer until it is in temps (see _Claim)
+                d = self._to_device(a, target, claim)
                 temps.append(d.buffer)
+                claim.ref.handed = True  # type: ignore[union-attr]  # no call: _Claim
                 target = d.device
                 total -= a.nbytes
                 t.update(d._ref())
