@@ -649,6 +649,12 @@ def connect(socket: Optional[SocketPath] = None, *,
     return Client(socket, name=name, timeout=timeout)
 
 
+# The deadline argument of the client's internal sends and waits when each is bounded
+# by the client's timeout on its own; a call made of several requests (to_device: the
+# buffer.create, its writes, the free of a failure) passes one deadline to them all.
+_EACH: Any = object()
+
+
 def _deadline_of(timeout: Optional[float]) -> Optional[float]:
     """The time.monotonic() deadline of a future's wait of ``timeout`` seconds; None for
     none (None, too large for a float, or above _TIMEOUT_FOREVER)."""
@@ -2543,7 +2549,7 @@ class Client:
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
     def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None,
-                     mark: Optional[TaskFuture] = None) -> None:
+                     mark: Optional[TaskFuture] = None, deadline: Any = _EACH) -> None:
         """Writes one message (its chunks in order, ``fds`` with its first byte) under
         the send lock, then the buffer.free owed.  The socket is written without
         blocking and waited on with poll(), so that an exception raised while waiting
@@ -2558,7 +2564,8 @@ class Client:
         # The timeout bounds sending too: a daemon that stopped reading (SIGSTOP, a
         # hung host) fills the socket's buffer, and a blocking send, or the send lock
         # another thread holds meanwhile, would wait for ever.
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if deadline is _EACH:
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
         sl, token = self._send_lock, object()
         try:
             try:
@@ -2833,7 +2840,8 @@ class Client:
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None,
                into: Optional[memoryview] = None,
-               owner: Optional[List[TaskFuture]] = None) -> TaskFuture:
+               owner: Optional[List[TaskFuture]] = None,
+               deadline: Any = _EACH) -> TaskFuture:
         """Sends a request; returns its future.  ``owner``: a list of the caller's
         that gets the future before anything is sent, so that when an exception
         (KeyboardInterrupt) comes after the request went out whole (``fut.sent``),
@@ -2875,7 +2883,7 @@ class Client:
                 raise _errors.LimitExceeded(
                     "%s: a request of %d bytes, more than the daemon's max_message (%d)"
                     % (method, size, self.max_message))
-            self._send_chunks(chunks, fds, fut)
+            self._send_chunks(chunks, fds, fut, deadline)
         except BaseException:  # KeyboardInterrupt too
             if fut.sent:
                 # Written whole: its answer will come and complete the future (the
@@ -2910,7 +2918,8 @@ class Client:
         return self._wait(self._start(method, args, decode, bigs=bigs))
 
     def _new_buffer(self, method: str, args: Mapping[str, Any],
-                    fds: Optional[List[int]] = None, claim: Optional[_Claim] = None) -> Any:
+                    fds: Optional[List[int]] = None, claim: Optional[_Claim] = None,
+                    deadline: Any = _EACH) -> Any:
         """The answer of a call that makes a buffer (buffer.create, buffer.import).  When
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
         is freed by the next request instead of staying the connection's.  With
@@ -2919,12 +2928,13 @@ class Client:
         for again in (False, True):
             owner: List[TaskFuture] = []
             try:
-                fut = self._start(method, args, self._decode_buffer, fds=fds, owner=owner)
+                fut = self._start(method, args, self._decode_buffer, fds=fds, owner=owner,
+                                  deadline=deadline)
                 if claim is not None:
                     ref = _ClaimRef(claim, self._dead_claims.append, fut)
                     self._claims.add(ref)  # (cut before: the except below owns it)
                     claim.ref = ref
-                return self._wait(fut)
+                return self._wait(fut, deadline)
             except (_errors.LimitExceeded, _errors.OutOfMemory):
                 # Idle shared temporaries count toward the same limits (max_buffers,
                 # the memory quotas): freed, and the allocation tried once more.
@@ -2992,8 +3002,9 @@ class Client:
 
     # ---- the pump ----------------------------------------------------------------
 
-    def _wait(self, fut: TaskFuture) -> Any:
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+    def _wait(self, fut: TaskFuture, deadline: Any = _EACH) -> Any:
+        if deadline is _EACH:
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
         if not self._pump_until(fut, deadline):
             self._timed_out(fut)
         return fut.result()
@@ -3897,14 +3908,14 @@ class Client:
 
     @_errors_as_dspk
     def _empty(self, shape: Union[int, Sequence[int]], dtype: Any, device: str,
-               claim: _Claim) -> DeviceArray:
+               claim: _Claim, deadline: Any = _EACH) -> DeviceArray:
         """empty(), its buffer owned by ``claim`` (the caller's) until handed over."""
         device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt, self._limits)
         res = self._new_buffer("buffer.create", {"device": device, "size": nbytes},
-                               claim=claim)
+                               claim=claim, deadline=deadline)
         try:
             return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
                                size=int(res.get("size", nbytes)))
@@ -3925,15 +3936,21 @@ class Client:
         a failure of the writes frees it here."""
         device = _device(device)
         a = _as_array(array, "array", self._limits)
-        d = self._empty(a.shape, a.dtype, device, claim)
+        # One deadline for the whole call (its buffer.create and every chunk's write):
+        # each bounded by the timeout on its own, a daemon stopped part-way made the
+        # call take up to twice the timeout.
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        d = self._empty(a.shape, a.dtype, device, claim, deadline)
         try:
-            self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
+            self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)), deadline)
         except BaseException:
-            try:
-                d.free()
-                claim.ref.handed = True  # type: ignore[union-attr]  # freed: not twice
-            except Error:
-                pass
+            # Freed without waiting (a free that waited for its answer took another
+            # whole timeout after a Timeout): the claim, not handed over, frees the
+            # buffer with the next request, or at once here when the send lock is
+            # free (twice at worst: harmless).
+            d._freed = True
+            self._queue_free(d.buffer)
+            claim.ref.handed = True  # type: ignore[union-attr]  # owed already
             raise
         return d
 
@@ -4290,7 +4307,8 @@ class Client:
                                                         else " request"), framing))
         return max(step, 1)
 
-    def _write(self, buffer: int, offset: int, view: memoryview) -> None:
+    def _write(self, buffer: int, offset: int, view: memoryview,
+               deadline: Any = _EACH) -> None:
         """buffer.write in chunks below max_message, pipelined, then all answers.  When
         sending a chunk fails (an interruption, dspk.Timeout), the chunks already sent
         are not waited for: that exception propagates as it is (waiting there could
@@ -4303,9 +4321,10 @@ class Client:
             data = self._bin(view[pos:pos + step], bigs)
             futs.append(self._start("buffer.write", {"buffer": buffer,
                                                      "offset": offset + pos,
-                                                     "data": data}, bigs=bigs))
+                                                     "data": data}, bigs=bigs,
+                                    deadline=deadline))
         for f in futs:
-            self._wait(f)
+            self._wait(f, deadline)
 
     def _start_reads(self, buffer: int, offset: int, flat: np.ndarray,
                      is_async: bool = False) -> List[TaskFuture]:

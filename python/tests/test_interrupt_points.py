@@ -816,3 +816,43 @@ def test_an_interrupted_to_device_leaves_no_buffer(daemon, small_daemon, limits)
             break
     assert hit > 50, hit
     c.close()
+
+
+def test_a_chunked_to_device_to_a_stopped_daemon_takes_at_most_its_timeout():
+    """timeout=T bounded each request of a chunked to_device() on its own, and the
+    free of the half-written buffer waited for its answer another T: a daemon stopped
+    (SIGSTOP) after the buffer.create was answered made the call raise dspk.Timeout
+    after 2*T.  Now one deadline bounds the whole call, the free is queued without
+    waiting, and the buffer is freed once the daemon goes on."""
+    import signal
+    from conftest import Daemon
+    d = Daemon(["--max-message", "64K"])
+    T = 1.0
+    try:
+        c = dspk.connect(d.socket, timeout=T)
+        c.shared_threshold = 0
+        x = np.ones(1 << 15, np.float32)  # 128 KiB: 3 chunks, which the socket holds
+        stopped = []
+
+        def prof(frame, ev, arg):
+            if ev == "call" and frame.f_code.co_filename == CLIENT_FILE and \
+                    frame.f_code.co_name == "_write" and not stopped:
+                os.kill(d.proc.pid, signal.SIGSTOP)  # the create answered, no write yet
+                stopped.append(time.monotonic())
+        t0 = time.monotonic()
+        sys.setprofile(prof)
+        try:
+            with pytest.raises(dspk.Timeout):
+                c.to_device(x)
+        finally:
+            sys.setprofile(None)
+            took = time.monotonic() - t0
+            if stopped:
+                os.kill(d.proc.pid, signal.SIGCONT)
+        assert stopped
+        assert took < 1.5 * T, took
+        assert not c.closed  # every request went out whole
+        assert _mine(c) == 0
+        c.close()
+    finally:
+        d.stop()
