@@ -2089,8 +2089,10 @@ def _env_job() -> int:
     if v:
         job = _job_id(v)
         if not job:
-            shown = v[:40].encode("utf-8", "backslashreplace").decode("ascii",
-                                                                   "backslashreplace")
+            # repr(), as the other messages show text: printable characters as they
+            # are, others (the surrogate escape of a byte that is no UTF-8) escaped
+            # once (the backslashes of an ASCII escaping were escaped again by %r).
+            shown = v[:40]
             raise _errors.InvalidArgument(
                 "$DSPK_JOB %r%s is not a Slurm job id (a decimal number from 1 to "
                 "18446744073709551615, without leading zeros, signs or blanks); unset it, "

@@ -103,7 +103,7 @@ def test_the_job_of_the_environment(var, value, job, monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["18446744073709551616", "043", " 43", "43x", "+4", "-1",
-                                   "0", "\u00e9"])
+                                   "0", "\u00e9", "\u0661", "\uff11", "1\udcff"])
 def test_a_malformed_dspk_job_is_refused(daemon, value, monkeypatch):
     """A $DSPK_JOB that is set, not empty and no Slurm job id was ignored (with no
     fallback to $SLURM_JOB_ID): the client ran outside the job it named, and a
@@ -114,6 +114,9 @@ def test_a_malformed_dspk_job_is_refused(daemon, value, monkeypatch):
     with pytest.raises(dspk.InvalidArgument) as e:
         dspk.connect(daemon.socket, timeout=TIMEOUT)
     assert e.value.message.startswith("$DSPK_JOB ") and "is not a Slurm job id" in e.value.message
+    # shown as repr() shows it, as the other messages show text (it was escaped twice:
+    # '\\xc3\\xa9', backslashes and all)
+    assert e.value.message.startswith("$DSPK_JOB %r is not" % value), e.value.message
 
 
 def test_the_default_name_of_a_script_whose_file_name_is_no_utf8(daemon, tmp_path):
