@@ -1352,6 +1352,10 @@ class DeviceArray:
         second free() of the same DeviceArray does nothing, and so does one after its
         client closed (the buffer went with the connection)."""
         if not self._freed:
+            if not self.client.closed:
+                # The submit()s made before, which may use this array, are sent first,
+                # before it is marked freed (the worker refuses a freed operand).
+                self.client._after_jobs("buffer.free")
             self._freed = True
             try:
                 if self.client.closed:  # the buffer went with the connection
