@@ -533,6 +533,21 @@ class _ClaimRef(weakref.ref):
         super().__init__(ob, callback)
 
 
+class _Staged(list):  # of buffer ids
+    """The temporary buffers of a task's staged operands, with the _Claim of each
+    (``claims``: buffer id -> claim): the claims live as long as this list, which
+    travels from the staging to the code that frees the buffers (the task sent, or the
+    staged future reading them back), so that an interruption anywhere on the way
+    (a return, a call starting, before the ``try`` that frees them) drops the list
+    and the claims free the buffers.  Each buffer freed on the normal path has its
+    claim set handed (freed twice at worst)."""
+    __slots__ = ("claims",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: Dict[int, _Claim] = {}
+
+
 def _orphan_buffer(fut: concurrent.futures.Future) -> Optional[int]:
     """The buffer a done buffer.create/buffer.import future made (None: it failed, was
     canceled, or names none).  concurrent.futures' state is read, not its methods:
@@ -4380,7 +4395,7 @@ class Client:
         temporaries it takes go into ``shm``, which the caller gives back (_temp_put)
         on every path, an exception of this method's included."""
         bigs: List[memoryview] = []
-        temps: List[int] = []
+        temps = _Staged()
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
         target = device
@@ -4536,10 +4551,10 @@ class Client:
                     # the task (a kernel's language, the op on its first input's
                     # dtype), not the daemon's choice for a bare buffer.
                     target = self._task_device(op, inputs, options)
-                claim = _Claim()  # owns the buffer until it is in temps (see _Claim)
+                claim = _Claim()  # owns the buffer as long as temps (see _Staged)
                 d = self._to_device(a, target, claim)
+                temps.claims[d.buffer] = claim
                 temps.append(d.buffer)
-                claim.ref.handed = True  # type: ignore[union-attr]  # no call: _Claim
                 target = d.device
                 total -= a.nbytes
                 t.update(d._ref())
@@ -4751,18 +4766,23 @@ class Client:
                 # Too large to come back inline (protocol.md, Limits): into a temporary
                 # buffer, read back in pieces.
                 self._no_wait()  # submit(): the worker makes it, and waits
-                res = self._new_buffer("buffer.create", {"device": target, "size": bound})
+                claim = _Claim()  # owns it until the staged future does (see _Staged)
+                res = self._new_buffer("buffer.create", {"device": target, "size": bound},
+                                       claim=claim)
                 tmp = int(res["buffer"])
                 free_now.append(tmp)
+                mine = _Staged()
+                mine.claims[tmp] = claim
+                mine.append(tmp)
                 args["outputs"] = [{"buffer": tmp, "offset": 0}]
-                fut = self._start_staged(args, bigs, [tmp], decode, single, progress,
+                fut = self._start_staged(args, bigs, mine, decode, single, progress,
                                          is_async, (count, expect))
                 free_now.remove(tmp)
                 return fut
             if op == "kernel" and temps:
                 # Tensors staged through temporary buffers come back as numpy arrays,
                 # as inline ones do: read back before the buffers are freed.
-                fut = self._start_staged(args, bigs, list(temps), decode, single,
+                fut = self._start_staged(args, bigs, temps, decode, single,
                                          progress, is_async, (count, expect))
                 free_now = []
                 return fut
@@ -4771,7 +4791,7 @@ class Client:
                                owner=owner)
         finally:
             for b in free_now:
-                self._free_quietly(b)
+                self._free_staged(temps, b)
 
     @staticmethod
     def _task_expect(op: str, inputs: Sequence[ArrayLike], options: Mapping[str, Any],
@@ -4816,7 +4836,7 @@ class Client:
                     return
                 freed[0] = True
             for b in staged:  # requests already sent still see them
-                self._free_quietly(b)
+                self._free_staged(staged, b)
 
         def finish(value: Any = None, exc: Optional[BaseException] = None) -> None:
             release()
@@ -4890,6 +4910,14 @@ class Client:
     def _free_quietly(self, buffer: int) -> None:
         """Frees a temporary without waiting (see _queue_free)."""
         self._queue_free(buffer)
+
+    def _free_staged(self, staged: List[int], buffer: int) -> None:
+        """Frees a staged operand's temporary without waiting; its claim (see _Staged),
+        if any, is set handed once the free is owed."""
+        self._queue_free(buffer)
+        claim = staged.claims.get(buffer) if isinstance(staged, _Staged) else None
+        if claim is not None and claim.ref is not None:
+            claim.ref.handed = True
 
     # Each op builds its request in _op_<name> and returns the future; the public
     # methods wait for it, submit() hands it out.
