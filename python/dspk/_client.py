@@ -4828,13 +4828,12 @@ class Client:
         inner = self._start("task.run", args, None, progress, is_async, bigs)
         user._msgid = inner.msgid
         lock = threading.Lock()
-        freed = [False]
 
         def release() -> None:
-            with lock:
-                if freed[0]:
-                    return
-                freed[0] = True
+            # Each buffer once (see _free_staged), also where this runs again after an
+            # interruption cut it (see _add_inline): a flag set before the frees left
+            # those after the cut to the claims, freed only once the closures holding
+            # the list were collected.
             for b in staged:  # requests already sent still see them
                 self._free_staged(staged, b)
 
@@ -4881,15 +4880,18 @@ class Client:
                 finish(exc=err)
                 return
             left = [len(reads)]
+            counted: Set[int] = set()
 
             def on_read(rf: concurrent.futures.Future) -> None:
+                # Run again where an interruption cut it (see _add_inline): each read
+                # is counted once, and finish() may run twice.
                 e = _errors.Canceled("read canceled") if rf.cancelled() else rf.exception()
                 if e is not None:
                     finish(exc=e)
                     return
                 with lock:
-                    left[0] -= 1
-                    last = left[0] == 0
+                    counted.add(id(rf))  # (twice: once)
+                    last = len(counted) == left[0]
                 if last:
                     finish(value=value)
 
@@ -4912,10 +4914,12 @@ class Client:
         self._queue_free(buffer)
 
     def _free_staged(self, staged: List[int], buffer: int) -> None:
-        """Frees a staged operand's temporary without waiting; its claim (see _Staged),
-        if any, is set handed once the free is owed."""
-        self._queue_free(buffer)
+        """Frees a staged operand's temporary without waiting, unless its claim (see
+        _Staged) says its free is owed already; the claim is set handed once it is."""
         claim = staged.claims.get(buffer) if isinstance(staged, _Staged) else None
+        if claim is not None and claim.ref is not None and claim.ref.handed:
+            return
+        self._queue_free(buffer)
         if claim is not None and claim.ref is not None:
             claim.ref.handed = True
 
