@@ -38,7 +38,7 @@ import weakref
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, TypeVar, Union, cast, overload)
+                    Set, Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
 import numpy as np
@@ -340,6 +340,27 @@ class _Job:
         self.stop = False
 
 
+class _Runner:
+    """A client thread started by _launch: its token, and the ident it runs on (0 until
+    it runs)."""
+    __slots__ = ("ident",)
+
+    def __init__(self) -> None:
+        self.ident = 0
+
+
+def _launch(fn: Callable[..., None], *args: Any) -> None:
+    """Starts ``fn(*args)`` on a new thread (RuntimeError when none can be had).  By
+    _thread.start_new_thread, not threading.Thread.start(): start() waits for the new
+    thread in Python code (an Event), and a signal handler's exception there left the
+    Event's lock held, the new thread blocked for ever in its set() and the caller
+    with a RuntimeError (taken for "no thread") in place of the interruption.  Here
+    nothing waits: the thread starts in one C call, and ``fn`` itself takes up its
+    work, so an interruption before or after that call leaves no half-started
+    thread."""
+    _thread.start_new_thread(fn, args)
+
+
 class _ClosedWhileSending(Exception):
     """close() woke a thread waiting for room to send."""
 
@@ -482,6 +503,51 @@ class _SharedRef(weakref.ref):
         super().__init__(ob, callback)
 
 
+class _Claim:
+    """The record that owns a buffer a call makes (buffer.create) from before its answer
+    is read until the call hands the buffer over (the DeviceArray returned, the staged
+    operand listed for its free): held by the call's frame, so an interruption anywhere
+    in between drops it, and its _ClaimRef (``ref``) then owes the buffer a free.  No
+    window between the answer and the record: the record exists before the answer."""
+    __slots__ = ("ref", "__weakref__")
+
+    def __init__(self) -> None:
+        self.ref: Optional[_ClaimRef] = None
+
+
+class _ClaimRef(weakref.ref):
+    """The weak reference to a _Claim whose callback is the client's
+    ``_dead_claims.append`` (C code: no signal handler can cut the noting): once the
+    claim is collected, the buffer the future ``fut`` makes is owed a free, unless
+    ``handed`` (set with no call right before the hand-over)."""
+    __slots__ = ("fut", "handed")
+
+    def __new__(cls, ob: Any, callback: Callable[[Any], Any], fut: TaskFuture
+                ) -> "_ClaimRef":
+        self = super().__new__(cls, ob, callback)
+        self.fut = fut
+        self.handed = False
+        return self
+
+    def __init__(self, ob: Any, callback: Callable[[Any], Any], fut: TaskFuture) -> None:
+        super().__init__(ob, callback)
+
+
+class _Staged(list):  # of buffer ids
+    """The temporary buffers of a task's staged operands, with the _Claim of each
+    (``claims``: buffer id -> claim): the claims live as long as this list, which
+    travels from the staging to the code that frees the buffers (the task sent, or the
+    staged future reading them back), so that an interruption anywhere on the way
+    (a return, a call starting, before the ``try`` that frees them) drops the list
+    and the claims free the buffers.  Each buffer freed on the normal path has its
+    claim set handed (freed twice at worst)."""
+    __slots__ = ("claims",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: Dict[int, _Claim] = {}
+
+
 def _orphan_buffer(fut: concurrent.futures.Future) -> Optional[int]:
     """The buffer a done buffer.create/buffer.import future made (None: it failed, was
     canceled, or names none).  concurrent.futures' state is read, not its methods:
@@ -598,6 +664,12 @@ def connect(socket: Optional[SocketPath] = None, *,
     return Client(socket, name=name, timeout=timeout)
 
 
+# The deadline argument of the client's internal sends and waits when each is bounded
+# by the client's timeout on its own; a call made of several requests (to_device: the
+# buffer.create, its writes, the free of a failure) passes one deadline to them all.
+_EACH: Any = object()
+
+
 def _deadline_of(timeout: Optional[float]) -> Optional[float]:
     """The time.monotonic() deadline of a future's wait of ``timeout`` seconds; None for
     none (None, too large for a float, or above _TIMEOUT_FOREVER)."""
@@ -680,13 +752,19 @@ def _main_in_future_code() -> bool:
     return False
 
 
+def _on_main() -> bool:
+    """Whether this is the main thread, the one that runs signal handlers (by ident:
+    threading.current_thread() on a thread started by _thread makes a dummy Thread)."""
+    return _thread.get_ident() == threading.main_thread().ident
+
+
 def _waiter_usable(waiter: Any) -> bool:
     """Whether a waiter of concurrent.futures.wait()/as_completed() on a future can be
     told (its add_result() sets a threading.Event): on a thread other than the main
     one, not when the Event's lock stayed held _FUTURE_LOCK_STALE seconds (an
     interruption of the main thread's wait left it held, and that wait() ended: nobody
     waits on it any more, and telling it would block for ever)."""
-    if threading.current_thread() is threading.main_thread():
+    if _on_main():
         return True
     lock = getattr(getattr(getattr(waiter, "event", None), "_cond", None), "_lock", None)
     if lock is None or not hasattr(lock, "acquire"):
@@ -721,7 +799,7 @@ class TaskFuture(concurrent.futures.Future):
     waits) run the callbacks due meanwhile, so that a settle queued behind progress
     calls is not waited for in vain; called on a thread that reads the connection they
     read it themselves until the future completes, as a synchronous call does."""
-    msgid: int = 0
+    _msgid: int = 0
     # Its request is written whole (set with no call after the last byte's count, so
     # that an interruption after that point still finds it): an answer will come.
     sent: bool = False
@@ -739,6 +817,11 @@ class TaskFuture(concurrent.futures.Future):
         super().__init__()
         self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
 
+    @property
+    def msgid(self) -> int:
+        """Its request's id (read-only; 0 until a worker's submit() sent its task)."""
+        return self._msgid
+
     def _locked(self) -> Any:
         """The future's lock, for a ``with`` block.  On the main thread (the one that
         runs signal handlers) the RLock itself, taken by ``with`` as concurrent.futures
@@ -751,7 +834,7 @@ class TaskFuture(concurrent.futures.Future):
         over), so the thread completing the future never blocks for ever; when it
         does (a process stopped, a debugger's pause), the wait goes on."""
         cond = self._condition
-        if threading.current_thread() is threading.main_thread():
+        if _on_main():
             return cond
         while not cond.acquire(timeout=_FUTURE_LOCK_STALE):
             if _main_in_future_code():
@@ -878,6 +961,9 @@ class TaskFuture(concurrent.futures.Future):
         if owner is not None and not self.done() and owner._forked():
             raise owner._fork_error()  # nothing in this process will ever complete it
         if owner is not None and self._job is not None and not self.done() and \
+                not owner._is_worker():
+            owner._ensure_worker()  # jobs queued with no worker (an interrupted launch)
+        if owner is not None and self._job is not None and not self.done() and \
                 owner._is_worker():
             # A callback the worker runs waits for a later submit() of the worker's:
             # the worker is this thread, so it runs the jobs up to that one here.
@@ -958,7 +1044,14 @@ class TaskFuture(concurrent.futures.Future):
             except Exception:
                 raise  # concurrent.futures logs it
             except BaseException:  # noqa: B036 - the callback's own: see above
-                pass
+                if _on_main():
+                    # A signal handler's exception (the main thread read the answer):
+                    # the interruption propagates, and the callback, not counted as
+                    # run, runs again with the next attempt to settle the future
+                    # (_run_ready, the next read): swallowed here, it was lost, and
+                    # a future it completes (a worker's submit() following its
+                    # task) stayed pending for ever.
+                    raise
 
         self._add_callback(guarded)
 
@@ -1216,14 +1309,41 @@ class DeviceArray:
 
     def __init__(self, client: "Client", buffer: int, device: str, shape: Tuple[int, ...],
                  dtype: np.dtype, offset: int = 0, size: Optional[int] = None) -> None:
-        self.client = client
-        self.buffer = buffer
-        self.device = device
-        self.shape = tuple(int(n) for n in shape)
-        self.dtype = np.dtype(dtype)
+        # Read-only (properties below): the client goes by them, so an assignment
+        # would read or free another buffer, or pass another connection's as this one's.
+        self._client = client
+        self._buffer = buffer
+        self._device = device
+        self._shape = tuple(int(n) for n in shape)
+        self._dtype = np.dtype(dtype)
         self.offset = offset
         self.size_bytes = size if size is not None else self.nbytes
         self._freed = False
+
+    @property
+    def client(self) -> "Client":
+        """The Client whose connection holds the buffer (read-only)."""
+        return self._client
+
+    @property
+    def buffer(self) -> int:
+        """The daemon's buffer id, on ``client``'s connection (read-only)."""
+        return self._buffer
+
+    @property
+    def device(self) -> str:
+        """The device the buffer is on (read-only)."""
+        return self._device
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The tensor's shape (read-only)."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The tensor's dtype (read-only)."""
+        return self._dtype
 
     @property
     def nbytes(self) -> int:
@@ -1247,6 +1367,10 @@ class DeviceArray:
         second free() of the same DeviceArray does nothing, and so does one after its
         client closed (the buffer went with the connection)."""
         if not self._freed:
+            if not self.client.closed:
+                # The submit()s made before, which may use this array, are sent first,
+                # before it is marked freed (the worker refuses a freed operand).
+                self.client._after_jobs("buffer.free")
             self._freed = True
             try:
                 if self.client.closed:  # the buffer went with the connection
@@ -1949,6 +2073,22 @@ def _sendable(text: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
+def _check_timeout(timeout: Any) -> Optional[float]:
+    """A client's timeout as connect() takes it (and ``c.timeout = ...``): None, or a
+    number of seconds more than 0 (one beyond any wait: None)."""
+    if isinstance(timeout, numbers.Integral) and not isinstance(timeout, (bool, np.bool_)) \
+            and timeout > _TIMEOUT_FOREVER:  # 10**400 too, which no float holds
+        return None
+    if timeout is not None:
+        timeout = _number("timeout", timeout)
+        if not timeout > 0:  # NaN too: no call could ever be answered
+            raise _errors.InvalidArgument("timeout: %r seconds (want more than 0, or "
+                                          "None to wait for ever)" % timeout)
+        if timeout > _TIMEOUT_FOREVER:  # inf too: no wait can take it
+            return None
+    return timeout
+
+
 def _job_id(v: str) -> int:
     """``v`` as a Slurm job id (a decimal number from 1 to 2^64-1 without leading zeros,
     signs or blanks: hello's job is a uint64), else 0."""
@@ -1968,8 +2108,10 @@ def _env_job() -> int:
     if v:
         job = _job_id(v)
         if not job:
-            shown = v[:40].encode("utf-8", "backslashreplace").decode("ascii",
-                                                                   "backslashreplace")
+            # repr(), as the other messages show text: printable characters as they
+            # are, others (the surrogate escape of a byte that is no UTF-8) escaped
+            # once (the backslashes of an ASCII escaping were escaped again by %r).
+            shown = v[:40]
             raise _errors.InvalidArgument(
                 "$DSPK_JOB %r%s is not a Slurm job id (a decimal number from 1 to "
                 "18446744073709551615, without leading zeros, signs or blanks); unset it, "
@@ -2004,16 +2146,7 @@ class Client:
             # with a NUL names an abstract socket): another socket than the one meant.
             raise _errors.InvalidArgument("socket: the path %r holds a NUL character"
                                           % self.socket_path)
-        if isinstance(timeout, numbers.Integral) and not isinstance(timeout, (bool, np.bool_)) \
-                and timeout > _TIMEOUT_FOREVER:  # 10**400 too, which no float holds
-            timeout = None
-        if timeout is not None:
-            timeout = _number("timeout", timeout)
-            if not timeout > 0:  # NaN too: no call could ever be answered
-                raise _errors.InvalidArgument("timeout: %r seconds (want more than 0, or "
-                                              "None to wait for ever)" % timeout)
-            if timeout > _TIMEOUT_FOREVER:  # inf too: no wait can take it
-                timeout = None
+        timeout = _check_timeout(timeout)
         if name is not None:
             _string("name", name)
             if "\0" in name:  # the daemon's status would show the name cut there
@@ -2023,7 +2156,7 @@ class Client:
             except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
-        self.timeout = timeout
+        self._timeout: Optional[float] = timeout
         self._env_job = _env_job()  # before connecting: a malformed $DSPK_JOB is the caller's
         # Every descriptor made here is held by an object that closes it when collected
         # (the socket, the wake-up socket pair below): one that an interruption drops
@@ -2108,7 +2241,7 @@ class Client:
         self._reading = False            # some thread is in the pump
         self._reader_ident = 0           # ...this one
         self._async = 0                  # pending submit() futures
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[_Runner] = None  # the reader's (see _ensure_reader)
         self._closed: Optional[Error] = None   # set once the connection is unusable
         self._protocol_error: Optional[Error] = None
         try:
@@ -2129,13 +2262,18 @@ class Client:
         # free never hangs on a done-callback that an interruption can cut as it
         # starts (_orphaned_buffer is only the quick path).
         self._orphans: List[TaskFuture] = []
+        # The _ClaimRef of each buffer being made (kept so that its callback runs as its
+        # _Claim is collected), and those whose claim was collected (looked at by
+        # _take_orphans: the buffer of one not handed over is an orphan's).
+        self._claims: Set[_ClaimRef] = set()
+        self._dead_claims: List[_ClaimRef] = []
         # The _SharedRef of each shared array (buffer id -> it): kept here so that its
         # callback runs when the array is collected.
         self._shared_refs: Dict[int, _SharedRef] = {}
         # The automatic shared-memory path (libdspkclient's): inline operands and
         # results of at least shared_threshold bytes on cpu:0 go through reused
         # shared temporaries instead of the socket.
-        self.shared_threshold = _env_threshold()
+        self._shared_threshold = _env_threshold()
         self._temps: List[_Temp] = []
         self._temp_clock = 0
         self._temp_lock = threading.Lock()
@@ -2151,7 +2289,10 @@ class Client:
         self._work_cond = threading.Condition(self._work_lock)
         self._jobs: "collections.deque[_Job]" = collections.deque()
         self._jobs_pending = 0           # jobs queued or running whose task is unsent
-        self._worker: Optional[threading.Thread] = None
+        # The worker's token (_Runner): set while one runs or is launched.  Whoever
+        # finds jobs queued and none (an interruption cut a launch) launches one
+        # (_ensure_worker_locked: submit(), the calls that wait for the jobs, result()).
+        self._worker: Optional[_Runner] = None
         self._tl = threading.local()     # .deferring: in submit()'s first attempt
         # The user's callbacks (done-callbacks, progress calls) run in order on one
         # thread of their own, started when one is queued and gone when none is: never
@@ -2178,9 +2319,9 @@ class Client:
         if job:
             params["job"] = job     # the Slurm job this process runs in
         hello = self._call("hello", params, _decode_hello)  # failing: _abandon
-        self.name = name
-        self.daemon_version: str = hello[0]
-        self.client_id: int = hello[1]
+        self._name = name
+        self._daemon_version: str = hello[0]
+        self._client_id: int = hello[1]
         self._limits = hello[2]
 
     def _abandon(self, sock: _socket.socket) -> None:
@@ -2242,8 +2383,10 @@ class Client:
         self._drop_temps_closed()
         self._send_lock.wake()  # a thread waiting to send sees the client closed
         t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join()
+        if t is not None and t.ident != _thread.get_ident():
+            with self._lock:  # until the reader has ended (it sees the client closed)
+                while self._thread is t:
+                    _wait_in(self._cond, _SEND_RECHECK)
         self._release_fds()
 
     def _release_fds(self) -> None:
@@ -2301,6 +2444,7 @@ class Client:
             self._closed = self._fork_error()
         del self._dead_shared[:]  # the same list: finalizers append to it
         del self._orphans[:]
+        del self._dead_claims[:]
         try:
             self._sock.close()  # close(2) of this process's descriptor only
         except OSError:
@@ -2337,6 +2481,46 @@ class Client:
     @property
     def closed(self) -> bool:
         return self._closed is not None or self._forked()
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds any one call may wait (None: for ever).  Settable: a value is
+        checked as connect() checks it (dspk.InvalidArgument)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: Any) -> None:
+        self._timeout = _check_timeout(value)
+
+    @property
+    def shared_threshold(self) -> int:
+        """Bytes from which a plain numpy operand or result goes through a shared
+        temporary (0: never).  Settable: an integer of 0 or more (dspk.InvalidArgument
+        otherwise)."""
+        return self._shared_threshold
+
+    @shared_threshold.setter
+    def shared_threshold(self, value: Any) -> None:
+        v = _integer("shared_threshold", value)
+        if v < 0:
+            raise _errors.InvalidArgument("shared_threshold: %d bytes (want 0 or more; "
+                                          "0: never)" % v)
+        self._shared_threshold = v
+
+    @property
+    def name(self) -> Optional[str]:
+        """The name given to connect() (read-only)."""
+        return self._name
+
+    @property
+    def daemon_version(self) -> str:
+        """The daemon's version, from its hello (read-only)."""
+        return self._daemon_version
+
+    @property
+    def client_id(self) -> int:
+        """This connection's id in the daemon, from its hello (read-only)."""
+        return self._client_id
 
     @property
     def limits(self) -> Mapping[str, int]:
@@ -2386,7 +2570,7 @@ class Client:
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
     def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None,
-                     mark: Optional[TaskFuture] = None) -> None:
+                     mark: Optional[TaskFuture] = None, deadline: Any = _EACH) -> None:
         """Writes one message (its chunks in order, ``fds`` with its first byte) under
         the send lock, then the buffer.free owed.  The socket is written without
         blocking and waited on with poll(), so that an exception raised while waiting
@@ -2401,7 +2585,8 @@ class Client:
         # The timeout bounds sending too: a daemon that stopped reading (SIGSTOP, a
         # hung host) fills the socket's buffer, and a blocking send, or the send lock
         # another thread holds meanwhile, would wait for ever.
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if deadline is _EACH:
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
         sl, token = self._send_lock, object()
         try:
             try:
@@ -2420,7 +2605,7 @@ class Client:
             if sl.owner is token:  # no call before the store: nothing can cut it
                 sl.owner = None
                 self._after_send()
-        if self._dead_shared:  # queued while this thread held the lock
+        if self._dead_shared or self._dead_claims:  # queued while this thread held the lock
             self._flush_frees()
 
     def _gone(self) -> Optional[BaseException]:
@@ -2631,7 +2816,7 @@ class Client:
         # interruption in between (a signal handler's exception) frees it twice at
         # worst, which is harmless (the daemon never reuses a buffer id: the second
         # is an ENOBUF answer to msgid 0, dropped), never not at all.
-        if self._orphans:
+        if self._orphans or self._dead_claims:
             self._take_orphans()
         while self._dead_shared and self._closed is None:
             try:
@@ -2676,7 +2861,8 @@ class Client:
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None,
                into: Optional[memoryview] = None,
-               owner: Optional[List[TaskFuture]] = None) -> TaskFuture:
+               owner: Optional[List[TaskFuture]] = None,
+               deadline: Any = _EACH) -> TaskFuture:
         """Sends a request; returns its future.  ``owner``: a list of the caller's
         that gets the future before anything is sent, so that when an exception
         (KeyboardInterrupt) comes after the request went out whole (``fut.sent``),
@@ -2697,7 +2883,7 @@ class Client:
             while msgid in self._pending:
                 msgid = msgid % 0xFFFFFFFF + 1
             self._next_id = msgid % 0xFFFFFFFF + 1
-            fut.msgid = msgid
+            fut._msgid = msgid
             self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
             if into is not None:  # buffer.read: its answer's bytes go straight to `into`
                 n = into.nbytes
@@ -2718,7 +2904,7 @@ class Client:
                 raise _errors.LimitExceeded(
                     "%s: a request of %d bytes, more than the daemon's max_message (%d)"
                     % (method, size, self.max_message))
-            self._send_chunks(chunks, fds, fut)
+            self._send_chunks(chunks, fds, fut, deadline)
         except BaseException:  # KeyboardInterrupt too
             if fut.sent:
                 # Written whole: its answer will come and complete the future (the
@@ -2753,15 +2939,23 @@ class Client:
         return self._wait(self._start(method, args, decode, bigs=bigs))
 
     def _new_buffer(self, method: str, args: Mapping[str, Any],
-                    fds: Optional[List[int]] = None) -> Any:
+                    fds: Optional[List[int]] = None, claim: Optional[_Claim] = None,
+                    deadline: Any = _EACH) -> Any:
         """The answer of a call that makes a buffer (buffer.create, buffer.import).  When
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
-        is freed by the next request instead of staying the connection's."""
+        is freed by the next request instead of staying the connection's.  With
+        ``claim`` (the caller's, held until it hands the buffer over), the buffer is
+        owned by that claim from before the answer is read (see _Claim)."""
         for again in (False, True):
             owner: List[TaskFuture] = []
             try:
-                return self._wait(self._start(method, args, self._decode_buffer, fds=fds,
-                                              owner=owner))
+                fut = self._start(method, args, self._decode_buffer, fds=fds, owner=owner,
+                                  deadline=deadline)
+                if claim is not None:
+                    ref = _ClaimRef(claim, self._dead_claims.append, fut)
+                    self._claims.add(ref)  # (cut before: the except below owns it)
+                    claim.ref = ref
+                return self._wait(fut, deadline)
             except (_errors.LimitExceeded, _errors.OutOfMemory):
                 # Idle shared temporaries count toward the same limits (max_buffers,
                 # the memory quotas): freed, and the allocation tried once more.
@@ -2797,7 +2991,15 @@ class Client:
             self._flush_frees()
 
     def _take_orphans(self) -> None:
-        """Makes the buffer of each answered orphan (see _orphans) owed a free."""
+        """Makes the buffer of each answered orphan (see _orphans) owed a free, the
+        futures of the claims collected before their buffer was handed over (see
+        _Claim) first among them (an interruption in between: freed twice at worst)."""
+        while self._dead_claims:
+            ref = self._dead_claims[-1]
+            if not ref.handed:
+                self._orphans += [ref.fut]
+            self._dead_claims.pop()
+            self._claims.discard(ref)
         for fut in list(self._orphans):
             if fut.done():  # else not answered yet
                 self._owe_orphan(fut)
@@ -2821,8 +3023,9 @@ class Client:
 
     # ---- the pump ----------------------------------------------------------------
 
-    def _wait(self, fut: TaskFuture) -> Any:
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+    def _wait(self, fut: TaskFuture, deadline: Any = _EACH) -> Any:
+        if deadline is _EACH:
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
         if not self._pump_until(fut, deadline):
             self._timed_out(fut)
         return fut.result()
@@ -3340,32 +3543,39 @@ class Client:
 
     def _ensure_reader(self) -> None:
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._thread is not None:
                 self._cond.notify_all()
                 return
-            t = threading.Thread(target=self._reader_main, daemon=True,
-                                 name="dspk-reader")
-            self._thread = t
+            t = _Runner()
             try:
-                t.start()
+                _launch(self._reader_main, t)  # see _launch: no half-started thread
             except RuntimeError:
                 # No thread to be had (RuntimeError "can't start new thread"): the
                 # request is sent, so no error here; result() and exception() of the
                 # futures read the connection themselves while no reader runs (_pump).
-                self._thread = None
+                return
+            if self._thread is None:  # (it took up the reading itself meanwhile)
+                self._thread = t
 
-    def _reader_main(self) -> None:
+    def _reader_main(self, token: _Runner) -> None:
         """Reads while submit() futures are pending; exits when none is (the next
-        submit() starts it again)."""
-        me = threading.get_ident()
+        submit() starts it again).  Takes up the reading as the reader when no other
+        thread has (the launch's caller was interrupted before it set the token)."""
+        me = token.ident = _thread.get_ident()
+        with self._lock:
+            if self._thread is None:
+                self._thread = token
         while True:
             try:
                 with self._lock:
-                    while self._reading and self._async and self._closed is None:
+                    while self._reading and self._async and self._closed is None \
+                            and self._thread is token:
                         self._cond.wait(_SEND_RECHECK)
-                    if not self._async or self._closed is not None:
-                        self._thread = None if self._thread is threading.current_thread() \
-                            else self._thread
+                    if not self._async or self._closed is not None or \
+                            self._thread is not token:
+                        if self._thread is token:
+                            self._thread = None
+                        self._cond.notify_all()
                         return
                     self._reading, self._reader_ident = True, me
                 while self._closed is None:
@@ -3389,7 +3599,38 @@ class Client:
     def _is_worker(self) -> bool:
         """Whether this thread is the client's worker (running deferred submit()s)."""
         w = self._worker
-        return w is not None and w is threading.current_thread()
+        return w is not None and w.ident == _thread.get_ident()
+
+    def _ensure_worker_locked(self) -> None:
+        """Under _work_lock: launches a worker where jobs are queued and none runs or
+        is launched (RuntimeError where no thread can be had).  The token is set only
+        once the launch returned; a launch whose return an interruption cut leaves it
+        None, and the thread launched takes up the work itself (_worker_main), or a
+        later call launches another: the queue never stays with no worker."""
+        if self._jobs and self._worker is None and self._closed is None:
+            token = _Runner()
+            _launch(self._worker_main, token)
+            if self._worker is None:
+                self._worker = token
+
+    def _ensure_worker(self) -> None:
+        """_ensure_worker_locked for a call that waits for the jobs queued: where no
+        thread can be had, the jobs queued end with dspk.LimitExceeded (nothing of
+        them was sent) rather than being waited for in vain."""
+        jobs: List[_Job] = []
+        with self._work_lock:
+            try:
+                self._ensure_worker_locked()
+            except RuntimeError as e:
+                if self._worker is None:
+                    jobs = list(self._jobs)
+                    self._jobs.clear()
+                    self._jobs_pending -= len(jobs)
+                    self._work_cond.notify_all()
+                err = e
+        for job in jobs:
+            self._settle(job.future, exc=_errors.LimitExceeded(
+                "submit: no thread for the client's worker (%s)" % err))
 
     def _no_wait(self, always: bool = True) -> None:
         """In submit()'s first attempt, on the caller's thread: _Defer where the op would
@@ -3450,45 +3691,37 @@ class Client:
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
         user._add_inline(lambda f, job=job: self._job_done(job))
-        start: Optional[threading.Thread] = None
-        started = False
-        try:
-            with self._work_lock:
-                if self._closed is not None:
-                    raise self._closed_error()
-                self._jobs.append(job)
-                self._jobs_pending += 1
-                if self._worker is None:
-                    start = self._worker = threading.Thread(
-                        target=self._worker_main, daemon=True, name="dspk-worker")
-                else:
+        with self._work_lock:
+            if self._closed is not None:
+                raise self._closed_error()
+            self._jobs.append(job)
+            self._jobs_pending += 1
+            self._work_cond.notify_all()
+            try:
+                self._ensure_worker_locked()
+            except RuntimeError as e:  # _thread: "can't start new thread"
+                if self._worker is None and job in self._jobs:
+                    # Nothing of this submit() was sent (nor of those before it,
+                    # queued with no worker either): it is refused.
+                    self._jobs.remove(job)
+                    self._jobs_pending -= 1
                     self._work_cond.notify_all()
-            if start is not None:
-                start.start()
-                started = True
-        except BaseException as e:  # noqa: B036 - KeyboardInterrupt too
-            if start is not None and not started and start.ident is None:
-                # The worker never ran (no thread to be had, or an interruption
-                # before it started): nothing of this submit() was sent, and the
-                # next one starts a worker of its own.
-                with self._work_lock:
-                    if self._worker is start:
-                        self._worker = None
-                    if job in self._jobs:
-                        self._jobs.remove(job)
-                        self._jobs_pending -= 1
-                    self._work_cond.notify_all()
-            if isinstance(e, RuntimeError):  # threading.start: "can't start new thread"
-                raise _errors.LimitExceeded("submit: no thread for the client's worker "
-                                            "(%s)" % e) from None
-            raise
+                    raise _errors.LimitExceeded("submit: no thread for the client's "
+                                                "worker (%s)" % e) from None
+        # An interruption anywhere here leaves the job queued with a worker launched,
+        # or queued for the next call to launch one: submit() raises it, and the
+        # future, not returned, is ended by its job as any other.
         return user
 
-    def _worker_main(self) -> None:
+    def _worker_main(self, me: _Runner) -> None:
         """Runs the deferred submit()s in order; exits when none is queued (the next
-        one starts it again).  A daemon thread: the interpreter's exit never waits for
-        it."""
-        me = threading.current_thread()
+        one starts it again).  Started by _launch (the interpreter's exit never waits
+        for it); takes up the work when no other worker has (the launch's caller was
+        interrupted before it set the token)."""
+        me.ident = _thread.get_ident()
+        with self._work_lock:
+            if self._worker is None and self._jobs and self._closed is None:
+                self._worker = me
         while True:
             with self._work_lock:
                 if not self._jobs or self._worker is not me:
@@ -3530,7 +3763,7 @@ class Client:
                 stop = job.stop
             try:
                 if inner is not None:
-                    job.future.msgid = inner.msgid
+                    job.future._msgid = inner.msgid
                     if stop or job.future.done():  # canceled while it was being sent
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
@@ -3586,6 +3819,7 @@ class Client:
                 self._is_reader() or getattr(self._tl, "deferring", False):
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._ensure_worker()
         with self._work_lock:
             while self._jobs_pending and self._closed is None:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -3669,15 +3903,40 @@ class Client:
 
     # ---- device buffers ----------------------------------------------------------
 
-    @_public
+    def _handing(self, make: Callable[..., DeviceArray], *args: Any) -> DeviceArray:
+        """The DeviceArray ``make(*args, claim)`` returns, handed over to the caller:
+        its buffer is owned by a _Claim until the last step, which sets the claim
+        handed and returns with no call in between (an interruption before drops the
+        claim with the array, and the buffer is freed).  _public's work is done here,
+        not by a wrapper: a wrapper's return is a point where a signal handler runs,
+        after the hand-over and before the caller has the array."""
+        tracer = sys.gettrace()
+        if tracer is not None:
+            sys.settrace(None)
+        claim = _Claim()
+        try:
+            d = make(*(args + (claim,)))
+        finally:
+            if tracer is not None:
+                sys.settrace(tracer)
+        claim.ref.handed = True  # type: ignore[union-attr]  # no call: see _Claim
+        return d
+
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        return self._handing(self._empty, shape, dtype, device)
+
+    @_errors_as_dspk
+    def _empty(self, shape: Union[int, Sequence[int]], dtype: Any, device: str,
+               claim: _Claim, deadline: Any = _EACH) -> DeviceArray:
+        """empty(), its buffer owned by ``claim`` (the caller's) until handed over."""
         device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt, self._limits)
-        res = self._new_buffer("buffer.create", {"device": device, "size": nbytes})
+        res = self._new_buffer("buffer.create", {"device": device, "size": nbytes},
+                               claim=claim, deadline=deadline)
         try:
             return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
                                size=int(res.get("size", nbytes)))
@@ -3686,20 +3945,33 @@ class Client:
                 self._free_quietly(res["buffer"])
             raise
 
-    @_public
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
+        return self._handing(self._to_device, array, device)
+
+    @_errors_as_dspk
+    def _to_device(self, array: ArrayLike, device: str, claim: _Claim) -> DeviceArray:
+        """to_device(), its buffer owned by ``claim`` (the caller's): an interruption
+        anywhere before the caller hands the buffer over leaves it to the claim's free,
+        a failure of the writes frees it here."""
         device = _device(device)
         a = _as_array(array, "array", self._limits)
-        d = self.empty(a.shape, a.dtype, device)
+        # One deadline for the whole call (its buffer.create and every chunk's write):
+        # each bounded by the timeout on its own, a daemon stopped part-way made the
+        # call take up to twice the timeout.
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        d = self._empty(a.shape, a.dtype, device, claim, deadline)
         try:
-            self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
+            self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)), deadline)
         except BaseException:
-            try:
-                d.free()
-            except Error:
-                pass
+            # Freed without waiting (a free that waited for its answer took another
+            # whole timeout after a Timeout): the claim, not handed over, frees the
+            # buffer with the next request, or at once here when the send lock is
+            # free (twice at worst: harmless).
+            d._freed = True
+            self._queue_free(d.buffer)
+            claim.ref.handed = True  # type: ignore[union-attr]  # owed already
             raise
         return d
 
@@ -4056,7 +4328,8 @@ class Client:
                                                         else " request"), framing))
         return max(step, 1)
 
-    def _write(self, buffer: int, offset: int, view: memoryview) -> None:
+    def _write(self, buffer: int, offset: int, view: memoryview,
+               deadline: Any = _EACH) -> None:
         """buffer.write in chunks below max_message, pipelined, then all answers.  When
         sending a chunk fails (an interruption, dspk.Timeout), the chunks already sent
         are not waited for: that exception propagates as it is (waiting there could
@@ -4069,9 +4342,10 @@ class Client:
             data = self._bin(view[pos:pos + step], bigs)
             futs.append(self._start("buffer.write", {"buffer": buffer,
                                                      "offset": offset + pos,
-                                                     "data": data}, bigs=bigs))
+                                                     "data": data}, bigs=bigs,
+                                    deadline=deadline))
         for f in futs:
-            self._wait(f)
+            self._wait(f, deadline)
 
     def _start_reads(self, buffer: int, offset: int, flat: np.ndarray,
                      is_async: bool = False) -> List[TaskFuture]:
@@ -4121,7 +4395,7 @@ class Client:
         temporaries it takes go into ``shm``, which the caller gives back (_temp_put)
         on every path, an exception of this method's included."""
         bigs: List[memoryview] = []
-        temps: List[int] = []
+        temps = _Staged()
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
         target = device
@@ -4277,7 +4551,9 @@ class Client:
                     # the task (a kernel's language, the op on its first input's
                     # dtype), not the daemon's choice for a bare buffer.
                     target = self._task_device(op, inputs, options)
-                d = self.to_device(a, target)
+                claim = _Claim()  # owns the buffer as long as temps (see _Staged)
+                d = self._to_device(a, target, claim)
+                temps.claims[d.buffer] = claim
                 temps.append(d.buffer)
                 target = d.device
                 total -= a.nbytes
@@ -4490,18 +4766,23 @@ class Client:
                 # Too large to come back inline (protocol.md, Limits): into a temporary
                 # buffer, read back in pieces.
                 self._no_wait()  # submit(): the worker makes it, and waits
-                res = self._new_buffer("buffer.create", {"device": target, "size": bound})
+                claim = _Claim()  # owns it until the staged future does (see _Staged)
+                res = self._new_buffer("buffer.create", {"device": target, "size": bound},
+                                       claim=claim)
                 tmp = int(res["buffer"])
                 free_now.append(tmp)
+                mine = _Staged()
+                mine.claims[tmp] = claim
+                mine.append(tmp)
                 args["outputs"] = [{"buffer": tmp, "offset": 0}]
-                fut = self._start_staged(args, bigs, [tmp], decode, single, progress,
+                fut = self._start_staged(args, bigs, mine, decode, single, progress,
                                          is_async, (count, expect))
                 free_now.remove(tmp)
                 return fut
             if op == "kernel" and temps:
                 # Tensors staged through temporary buffers come back as numpy arrays,
                 # as inline ones do: read back before the buffers are freed.
-                fut = self._start_staged(args, bigs, list(temps), decode, single,
+                fut = self._start_staged(args, bigs, temps, decode, single,
                                          progress, is_async, (count, expect))
                 free_now = []
                 return fut
@@ -4510,7 +4791,7 @@ class Client:
                                owner=owner)
         finally:
             for b in free_now:
-                self._free_quietly(b)
+                self._free_staged(temps, b)
 
     @staticmethod
     def _task_expect(op: str, inputs: Sequence[ArrayLike], options: Mapping[str, Any],
@@ -4545,17 +4826,16 @@ class Client:
         user = TaskFuture()
         user._owner = weakref.ref(self)
         inner = self._start("task.run", args, None, progress, is_async, bigs)
-        user.msgid = inner.msgid
+        user._msgid = inner.msgid
         lock = threading.Lock()
-        freed = [False]
 
         def release() -> None:
-            with lock:
-                if freed[0]:
-                    return
-                freed[0] = True
+            # Each buffer once (see _free_staged), also where this runs again after an
+            # interruption cut it (see _add_inline): a flag set before the frees left
+            # those after the cut to the claims, freed only once the closures holding
+            # the list were collected.
             for b in staged:  # requests already sent still see them
-                self._free_quietly(b)
+                self._free_staged(staged, b)
 
         def finish(value: Any = None, exc: Optional[BaseException] = None) -> None:
             release()
@@ -4584,6 +4864,11 @@ class Client:
                         results.append(decode({"outputs": [t]}, k)[0])
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
+                if not isinstance(e, Exception) and _on_main():
+                    # A signal handler's exception, the main thread reading: not the
+                    # task's outcome.  It propagates; this callback runs again with
+                    # the next attempt to settle the task's future (see _add_inline).
+                    raise
                 err = _as_error(e)
                 if isinstance(e, _Malformed):
                     err = _errors.ProtocolError("task.run (request %d): a malformed "
@@ -4595,15 +4880,18 @@ class Client:
                 finish(exc=err)
                 return
             left = [len(reads)]
+            counted: Set[int] = set()
 
             def on_read(rf: concurrent.futures.Future) -> None:
+                # Run again where an interruption cut it (see _add_inline): each read
+                # is counted once, and finish() may run twice.
                 e = _errors.Canceled("read canceled") if rf.cancelled() else rf.exception()
                 if e is not None:
                     finish(exc=e)
                     return
                 with lock:
-                    left[0] -= 1
-                    last = left[0] == 0
+                    counted.add(id(rf))  # (twice: once)
+                    last = len(counted) == left[0]
                 if last:
                     finish(value=value)
 
@@ -4624,6 +4912,16 @@ class Client:
     def _free_quietly(self, buffer: int) -> None:
         """Frees a temporary without waiting (see _queue_free)."""
         self._queue_free(buffer)
+
+    def _free_staged(self, staged: List[int], buffer: int) -> None:
+        """Frees a staged operand's temporary without waiting, unless its claim (see
+        _Staged) says its free is owed already; the claim is set handed once it is."""
+        claim = staged.claims.get(buffer) if isinstance(staged, _Staged) else None
+        if claim is not None and claim.ref is not None and claim.ref.handed:
+            return
+        self._queue_free(buffer)
+        if claim is not None and claim.ref is not None:
+            claim.ref.handed = True
 
     # Each op builds its request in _op_<name> and returns the future; the public
     # methods wait for it, submit() hands it out.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -400,9 +401,10 @@ def test_exception_returns_the_connection_error_of_a_pending_future(fake, where)
         fut = c.submit("map", "abs", np.ones(2, np.float32))
         fail_all, held = c._fail_all, []
         c._fail_all = lambda: held.append(1)  # the pending calls fail later
-        reader = c._thread
         f.close()
-        reader.join(TIMEOUT)  # it found the connection closed and ended
+        deadline = time.monotonic() + TIMEOUT  # it finds the connection closed and ends
+        while c._thread is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert held and c._thread is None and not fut.done()
         got = []
 

@@ -103,7 +103,7 @@ def test_the_job_of_the_environment(var, value, job, monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["18446744073709551616", "043", " 43", "43x", "+4", "-1",
-                                   "0", "\u00e9"])
+                                   "0", "\u00e9", "\u0661", "\uff11", "1\udcff"])
 def test_a_malformed_dspk_job_is_refused(daemon, value, monkeypatch):
     """A $DSPK_JOB that is set, not empty and no Slurm job id was ignored (with no
     fallback to $SLURM_JOB_ID): the client ran outside the job it named, and a
@@ -114,6 +114,9 @@ def test_a_malformed_dspk_job_is_refused(daemon, value, monkeypatch):
     with pytest.raises(dspk.InvalidArgument) as e:
         dspk.connect(daemon.socket, timeout=TIMEOUT)
     assert e.value.message.startswith("$DSPK_JOB ") and "is not a Slurm job id" in e.value.message
+    # shown as repr() shows it, as the other messages show text (it was escaped twice:
+    # '\\xc3\\xa9', backslashes and all)
+    assert e.value.message.startswith("$DSPK_JOB %r is not" % value), e.value.message
 
 
 def test_the_default_name_of_a_script_whose_file_name_is_no_utf8(daemon, tmp_path):
@@ -752,3 +755,36 @@ def test_read_received_in_place(client):
         assert not client._direct
     finally:
         client._take_direct = orig
+
+
+def test_attributes_the_client_goes_by_are_read_only_or_checked(daemon):
+    """The attributes the client reads back were plain writable fields: d.buffer = ...
+    read another buffer, d.client = ... passed another connection's buffer id as this
+    one's, d.shape = ... overran the buffer, c.timeout = "abc" gave a bare TypeError in
+    a later call and c.shared_threshold = -5 was taken.  Now they are read-only, but
+    for c.timeout and c.shared_threshold (settable, checked as connect() checks)."""
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        d = c.to_device(np.arange(4, dtype=np.float32))
+        f = c.submit("reduce", np.ones(4))
+        assert f.result(TIMEOUT) == 4
+        for obj, names in ((c, "name client_id daemon_version limits max_message closed"),
+                           (d, "shape dtype device buffer client nbytes"),
+                           (f, "msgid")):
+            for name in names.split():
+                before = getattr(obj, name)
+                with pytest.raises(AttributeError):
+                    setattr(obj, name, 1)
+                assert getattr(obj, name) == before
+        for bad in ("abc", -5, 0, float("nan"), True):
+            with pytest.raises(dspk.InvalidArgument, match="timeout"):
+                c.timeout = bad
+        assert c.timeout == TIMEOUT
+        for bad in ("abc", -5, 1.5, True):
+            with pytest.raises(dspk.InvalidArgument, match="shared_threshold"):
+                c.shared_threshold = bad
+        c.timeout = 10 ** 400
+        assert c.timeout is None
+        c.timeout = TIMEOUT
+        c.shared_threshold = 0
+        assert c.shared_threshold == 0
+        assert c.ping() > 0 and d.numpy().tolist() == [0, 1, 2, 3]

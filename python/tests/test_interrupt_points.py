@@ -648,3 +648,249 @@ def test_an_interruption_by_a_trace_function_at_any_line_leaves_nothing_held(dae
             lines = seen[0]
             break
     assert lines is not None
+
+
+def _interrupt_in_files(n, files, events=("call", "c_return"), handed=()):
+    """As _interrupt_at, for the points in ``files`` (threading.py, concurrent.futures'
+    _base.py: the standard library's code the client calls).  With "return" among the
+    events, the exception replaces the value a function returns, as a handler run at
+    the caller's next point would lose it; but for the functions in ``handed``, whose
+    return goes on to the caller's own code with no such point before it keeps the
+    value (a Python function returning to a Python function)."""
+    seen = [0]
+
+    def prof(frame, event, arg):
+        if event not in events or frame.f_code.co_filename not in files:
+            return
+        if event == "return" and frame.f_code.co_name in handed:
+            return
+        seen[0] += 1
+        if seen[0] == n + 1:
+            seen.append("%s:%d %s %s" % (os.path.basename(frame.f_code.co_filename),
+                                         frame.f_lineno, frame.f_code.co_name, event))
+            raise _Injected()
+    return prof, seen
+
+
+@pytest.fixture(scope="module")
+def small_daemon():
+    """A daemon whose messages are at most 64 KiB: operands above are staged (a
+    submit() of one goes to the worker thread)."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "64K"])
+    yield d
+    d.stop()
+
+
+def _mine(c, want=0):
+    """The daemon buffers of c's connection, once they are ``want`` plus its shared
+    temporaries or 2 s passed (the frees owed go with the next requests, and a free
+    the daemon does after requests still running on the device comes a little later)."""
+    deadline = time.monotonic() + 2
+    while True:
+        c.ping()
+        c.ping()
+        held = [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
+        if held == want + len(c._temps) or time.monotonic() > deadline:
+            return held - len(c._temps)
+        time.sleep(0.05)
+
+
+def test_an_interruption_in_result_of_a_worker_submit_propagates_and_completes(small_daemon):
+    """A KeyboardInterrupt as result() of a submit() the worker staged reached
+    concurrent.futures (the main thread, reading, settled the task's future, whose
+    done-callback completes the submit()'s future by its exception()): the client's
+    own callback swallowed it and was taken as run.  The interruption was lost
+    (result(5) waited 5 s and raised TimeoutError), the future stayed pending for ever
+    and its staged temporary stayed in the daemon.  Now the interruption propagates
+    and the callback runs again: the first points of concurrent.futures' code in turn
+    (where the answer is read and settled on the main thread)."""
+    import concurrent.futures._base as cf
+    big = np.ones(300 * 300, np.float32)  # above max_message: staged by the worker
+    hit = 0
+    for n in range(5):  # Future.exception's entry and its lock's release, result's
+        with dspk.connect(small_daemon.socket, timeout=TIMEOUT) as c:
+            f = c.submit("map", "scale", big, alpha=2.0)
+            prof, seen = _interrupt_in_files(n, {cf.__file__})
+            t0 = time.monotonic()
+            sys.setprofile(prof)
+            try:
+                r = f.result(TIMEOUT)
+            except _Injected:
+                hit += 1
+                r = None
+            finally:
+                sys.setprofile(None)
+            assert time.monotonic() - t0 < TIMEOUT / 2, (n, "the interruption was lost")
+            if r is None:
+                r = f.result(TIMEOUT)  # completes
+            assert f.done() and r[0] == 2.0
+            assert _mine(c) == 0, n
+    assert hit > 0
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("where", ["client", "threading"])
+def test_an_interrupted_submit_to_the_worker_leaves_it_running(small_daemon, where):
+    """A KeyboardInterrupt in submit() as it started the worker thread: inside
+    threading.Thread.__init__ (before start()) the task stayed queued with no worker,
+    and every later call raised Timeout "the submit()s made before it were not sent"
+    (hung without a timeout); inside Thread.start()'s wait for the new thread, that
+    thread stayed blocked for ever in its Event.set() (the Event's lock left held) and
+    submit() raised LimitExceeded "no thread for the client's worker" in place of the
+    interruption.  Now the worker is launched in one C call and takes up the work
+    itself, and whoever finds jobs queued with no worker launches one: at every point
+    of submit() (the client's and threading's code) in turn, the interruption
+    propagates as itself, the next call works and no thread is left behind."""
+    files = {CLIENT_FILE} if where == "client" else {threading.__file__}
+    big = np.ones(300 * 300, np.float32)  # above max_message: the worker stages it
+    gc.collect()
+    time.sleep(0.2)
+    before = _threads()
+    hit = 0
+    for n in range(100000):
+        c = dspk.connect(small_daemon.socket, timeout=TIMEOUT)
+        prof, seen = _interrupt_in_files(n, files)
+        f = None
+        sys.setprofile(prof)
+        try:
+            f = c.submit("map", "scale", big, alpha=2.0)
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # a message was cut
+        finally:
+            sys.setprofile(None)
+        if not c.closed:
+            t0 = time.monotonic()
+            assert c.ping() > 0, n  # not stuck behind a job no worker runs
+            assert time.monotonic() - t0 < TIMEOUT / 2, (n, seen)
+            if f is not None:
+                assert f.result(TIMEOUT)[0] == 2.0
+        c.close()
+        if seen[0] <= n:
+            break
+    assert hit > 0 or where == "threading", (hit, n)
+    deadline = time.monotonic() + TIMEOUT
+    while _threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads() <= before, "a client thread stays behind"
+
+
+@pytest.mark.parametrize("limits", ["default", "64K"])
+def test_an_interrupted_to_device_leaves_no_buffer(daemon, small_daemon, limits):
+    """to_device() interrupted once its buffer.create was answered, before the
+    DeviceArray was returned (at the return of its internal empty(), or of _write,
+    or in the wrappers of the public method), raised the interruption and left the
+    buffer for good: nobody had the DeviceArray to free.  Now the buffer is owned by a
+    _Claim from before its answer is read until the very return that hands it over:
+    every point of to_device() in turn (a C call returning, a function starting or
+    returning) leaves no buffer behind but the one returned."""
+    sock = daemon.socket if limits == "default" else small_daemon.socket
+    x = np.ones(1 << 15, np.float32)  # 128 KiB: chunked on a 64K daemon
+    c = dspk.connect(sock, timeout=TIMEOUT)
+    hit = 0
+    for n in range(100000):
+        if c.closed:
+            c = dspk.connect(sock, timeout=TIMEOUT)
+        prof, seen = _interrupt_in_files(n, {CLIENT_FILE}, ("call", "c_return", "return"),
+                                         handed=("to_device", "_handing"))
+        got = []
+        sys.setprofile(prof)
+        try:
+            got.append(c.to_device(x))
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # a message was cut
+        finally:
+            sys.setprofile(None)
+        for d in got:
+            d.free()
+        if not c.closed:
+            assert _mine(c) == 0, (n, seen)
+        if seen[0] <= n:
+            break
+    assert hit > 50, hit
+    c.close()
+
+
+def test_a_chunked_to_device_to_a_stopped_daemon_takes_at_most_its_timeout():
+    """timeout=T bounded each request of a chunked to_device() on its own, and the
+    free of the half-written buffer waited for its answer another T: a daemon stopped
+    (SIGSTOP) after the buffer.create was answered made the call raise dspk.Timeout
+    after 2*T.  Now one deadline bounds the whole call, the free is queued without
+    waiting, and the buffer is freed once the daemon goes on."""
+    import signal
+    from conftest import Daemon
+    d = Daemon(["--max-message", "64K"])
+    T = 1.0
+    try:
+        c = dspk.connect(d.socket, timeout=T)
+        c.shared_threshold = 0
+        x = np.ones(1 << 15, np.float32)  # 128 KiB: 3 chunks, which the socket holds
+        stopped = []
+
+        def prof(frame, ev, arg):
+            if ev == "call" and frame.f_code.co_filename == CLIENT_FILE and \
+                    frame.f_code.co_name == "_write" and not stopped:
+                os.kill(d.proc.pid, signal.SIGSTOP)  # the create answered, no write yet
+                stopped.append(time.monotonic())
+        t0 = time.monotonic()
+        sys.setprofile(prof)
+        try:
+            with pytest.raises(dspk.Timeout):
+                c.to_device(x)
+        finally:
+            sys.setprofile(None)
+            took = time.monotonic() - t0
+            if stopped:
+                os.kill(d.proc.pid, signal.SIGCONT)
+        assert stopped
+        assert took < 1.5 * T, took
+        assert not c.closed  # every request went out whole
+        assert _mine(c) == 0
+        c.close()
+    finally:
+        d.stop()
+
+
+def test_an_interrupted_staged_op_leaves_no_buffer():
+    """A synchronous gemm whose operands are staged through temporary buffers (and
+    whose result comes back through one) left 1-2 of those buffers for good where an
+    interruption landed between a buffer's answer and its listing for the free, or
+    after the list was made and before the code that frees it (a return, a call
+    starting).  Now each staged buffer is owned by a claim that lives as long as its
+    list: every point of the op in turn leaves no buffer behind."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "4K"])
+    try:
+        a = np.random.rand(40, 40).astype(np.float32)  # 6.4 KB: staged, and the result
+        c = dspk.connect(d.socket, timeout=TIMEOUT)
+        c.shared_threshold = 0
+        hit = 0
+        for n in range(100000):
+            if c.closed:
+                c = dspk.connect(d.socket, timeout=TIMEOUT)
+                c.shared_threshold = 0
+            prof, seen = _interrupt_in_files(n, {CLIENT_FILE}, ("call", "c_return", "return"))
+            sys.setprofile(prof)
+            try:
+                c.gemm(a, a)
+            except _Injected:
+                hit += 1
+            except dspk.Closed:
+                pass  # a message was cut
+            finally:
+                sys.setprofile(None)
+            if not c.closed:
+                assert _mine(c) == 0, (n, seen)
+            if seen[0] <= n:
+                break
+        assert hit > 100, hit
+        c.close()
+    finally:
+        d.stop()

@@ -477,15 +477,12 @@ def test_no_thread_to_be_had(daemon, monkeypatch):
     future was lost.  Now the future is returned and its result() reads the connection
     itself; a submit() that needs the worker thread raises dspk.LimitExceeded, having
     sent nothing."""
-    import threading
-    start = threading.Thread.start
+    from dspk import _client
 
-    def refuse(self):
-        if self.name in ("dspk-reader", "dspk-worker"):
-            raise RuntimeError("can't start new thread")
-        start(self)
+    def refuse(fn, *args):  # the reader's and the worker's threads
+        raise RuntimeError("can't start new thread")
     with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
-        monkeypatch.setattr(threading.Thread, "start", refuse)
+        monkeypatch.setattr(_client, "_launch", refuse)
         f = c.submit("reduce", np.ones(5))
         assert f.result(TIMEOUT) == 5
         assert f.exception(TIMEOUT) is None

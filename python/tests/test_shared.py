@@ -197,9 +197,9 @@ def test_shared_operand_sends_no_data(client):
     sent = []
     orig = client._send_chunks
 
-    def spy(chunks, fds=None, mark=None):
+    def spy(chunks, fds=None, mark=None, *rest):
         sent.append(sum(memoryview(c).nbytes for c in chunks))
-        return orig(chunks, fds, mark)
+        return orig(chunks, fds, mark, *rest)
 
     client._send_chunks = spy
     try:
@@ -225,9 +225,9 @@ def _spy_sends(client):
     sent = []
     orig = client._send_chunks
 
-    def spy(chunks, fds=None, mark=None):
+    def spy(chunks, fds=None, mark=None, *rest):
         sent.append(sum(memoryview(c).nbytes for c in chunks))
-        return orig(chunks, fds, mark)
+        return orig(chunks, fds, mark, *rest)
 
     client._send_chunks = spy
     return sent, orig

@@ -59,7 +59,7 @@ def test_submit_never_waits_for_a_shared_temporary(fresh_daemon, monkeypatch):
     start, wait = c._start, c._wait
     monkeypatch.setattr(c, "_start", lambda method, *a, **k: (sent.append(method),
                                                                 start(method, *a, **k))[1])
-    monkeypatch.setattr(c, "_wait", lambda fut: (waits.append(fut.msgid), wait(fut))[1])
+    monkeypatch.setattr(c, "_wait", lambda fut, *a: (waits.append(fut.msgid), wait(fut, *a))[1])
     x = np.ones(1 << 12)                          # 32 KiB: fits the socket's buffer
     os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
     try:
