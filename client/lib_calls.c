@@ -1194,6 +1194,10 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
       return rc;
     }
     shm[i] = rc == 1;
+    /* In a temporary: no longer the task's inline bytes (the result's
+     * temporary was refused for counting both). */
+    if (shm[i] && !dspk__shm_holding(c, x->data, x->nbytes))
+      c->task_bytes -= c->task_bytes > x->nbytes ? x->nbytes : c->task_bytes;
   }
   if (t->nout_refs)
     a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, t);

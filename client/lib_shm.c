@@ -511,18 +511,19 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
     }
     want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
     /* One that would pass, with the shared memory c holds there already
-     * and the task's own inline bytes (c->task_bytes, the operand's among
-     * them: an overestimate), what the connection's buffers on cpu:0 may
-     * hold (hello's cpu_memory_quota) would be refused, or leave the task
-     * no room (the daemon counts its inline operands and results too): the
-     * bytes cross the socket, as with threshold 0.  A temporary in whole
-     * 2 MiB units can pass a small quota that the bytes alone fit. */
+     * and the task's other inline bytes (c->task_bytes less these n, which
+     * the temporary carries instead; operands already in temporaries are
+     * not in it), what the connection's buffers on cpu:0 may hold (hello's
+     * cpu_memory_quota) would be refused, or leave the task no room (the
+     * daemon counts its inline operands and results too): the bytes cross
+     * the socket, as with threshold 0.  A temporary in whole 2 MiB units
+     * can pass a small quota that the bytes alone fit. */
     if (!need && strcmp(device, "cpu:0") == 0) {
-      uint64_t held = 0, q = c->cpu_quota;
+      uint64_t held = 0, q = c->cpu_quota, rest = c->task_bytes > n ? c->task_bytes - n : 0;
       for (size_t i = 0; i < c->nshm; i++)
         if (strcmp(c->shm[i].device, "cpu:0") == 0)
           held += c->shm[i].size;
-      if (held > q || want > q - held || c->task_bytes > q - held - want)
+      if (held > q || want > q - held || rest > q - held - want)
         return 0;
     }
     if ((rc = shm_new(c, device, want, 2, &best)) != 0) {
