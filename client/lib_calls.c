@@ -1107,6 +1107,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   struct dspk__wbuf w;
   dspk_task out = {0}; /* its out_refs: the result's temporary */
   size_t bound;
+  uint64_t task_bytes; /* the inline operands and result: a temporary's room (lib_shm.c) */
   uint32_t id;
   const char *device, *shdev = NULL; /* the task's; its shared operands' */
   int rc;
@@ -1163,13 +1164,11 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
   /* What the task itself needs of the device's memory, for the temporaries'
    * room under a quota (lib_shm.c, shm_temp). */
-  bound = t->nout_refs || t->op == DSPK_OP_KERNEL ? 0 : result_bound(t);
-  c->task_bytes = bound;
+  task_bytes = t->nout_refs || t->op == DSPK_OP_KERNEL ? 0 : result_bound(t);
   for (unsigned i = 0; i < t->ninputs; i++) {
     const dspk_tensor *x = &t->inputs[i];
     if (!x->is_ref && x->nbytes && !dspk__shm_holding(c, x->data, x->nbytes))
-      c->task_bytes = x->nbytes > UINT64_MAX - c->task_bytes ? UINT64_MAX
-                                                            : c->task_bytes + x->nbytes;
+      task_bytes = x->nbytes > UINT64_MAX - task_bytes ? UINT64_MAX : task_bytes + x->nbytes;
   }
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
   /* Not for a raw kernel: its inline inputs come back inline. */
@@ -1187,9 +1186,8 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     /* dspk_submit waits only for an operand that could not go inline; such
      * an operand takes a temporary whatever the threshold (lib_shm.c). */
     rc = dspk__shm_operand(c, device, x->data, x->nbytes, dspk__dtype_size(x->dtype),
-                           may_wait, &sid[i], &soff[i]);
+                           task_bytes, may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
-      c->task_bytes = 0;
       dspk__shm_sent(c, 0, false);
       return rc;
     }
@@ -1197,7 +1195,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     /* In a temporary: no longer the task's inline bytes (the result's
      * temporary was refused for counting both). */
     if (shm[i] && !dspk__shm_holding(c, x->data, x->nbytes))
-      c->task_bytes -= c->task_bytes > x->nbytes ? x->nbytes : c->task_bytes;
+      task_bytes -= task_bytes > x->nbytes ? x->nbytes : task_bytes;
   }
   if (t->nout_refs)
     a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, t);
@@ -1208,9 +1206,8 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     /* No shared memory to be had (a limit, a quota): the result comes
      * inline, unless it cannot (dspk__result_needs_shm): then the refusal
      * is the task's failure, before anything is sent. */
-    rc = dspk__shm_result(c, device, bound, may_wait, &out.out_refs[0].buffer);
+    rc = dspk__shm_result(c, device, bound, task_bytes, may_wait, &out.out_refs[0].buffer);
     if (rc < 0) {
-      c->task_bytes = 0;
       dspk__shm_sent(c, 0, false);
       return rc;
     }
@@ -1219,7 +1216,6 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
     }
   }
-  c->task_bytes = 0; /* other allocations than the task's count it not */
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__wbuf_files(c, &w);

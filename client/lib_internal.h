@@ -160,8 +160,6 @@ struct dspk_client {
                                0 not known yet, 1 yes, 2 no */
   uint64_t cpu_quota;       /* hello's cpu_memory_quota: what this connection's
                                buffers on cpu:0 may hold (UINT64_MAX: none) */
-  uint64_t task_bytes;      /* while submit places a task's operands: their
-                               inline bytes and its result's (lib_shm.c) */
 };
 
 /* A decoded response: the frame and its unpacked envelope. */
@@ -276,9 +274,12 @@ static inline bool dspk__result_needs_shm(const dspk_client *c, size_t n) {
  * dspk__shm_sent; without may_wait only an idle one, never a new one,
  * except for an operand that dspk__operand_needs_shm, whatever the
  * threshold), 0 when it goes inline, or a negative code (also when such an
- * operand's temporary was refused). */
-int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off);
+ * operand's temporary was refused).  task_bytes: what the task's inline
+ * operands and its result take of the device's memory, these n included
+ * (a temporary's room under a quota: lib_shm.c, shm_temp). */
+int dspk__shm_operand(dspk_client *c, const char *device, const void *data, size_t n,
+                      size_t isz, uint64_t task_bytes, bool may_wait, uint64_t *id,
+                      uint64_t *off);
 /* The caller's shared allocation (dspk_shared_alloc) that holds
  * [data, data + n), or NULL. */
 const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data, size_t n);
@@ -292,9 +293,10 @@ void dspk__copy_wide(void *dst, const void *src, size_t n, int threads);
  * choose a hardware device, no idle temporary fits and !may_wait; neither
  * of the first and last for a result that dspk__result_needs_shm), or a
  * negative code (also when the temporary of a result larger than
- * dspk__result_inline_max was refused). */
-int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
-                     uint64_t *id);
+ * dspk__result_inline_max was refused).  task_bytes: as for
+ * dspk__shm_operand. */
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t task_bytes,
+                     bool may_wait, uint64_t *id);
 /* Bytes [off, off+n) of temporary id while it belongs to ticket, or NULL. */
 const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
                                 uint64_t off, size_t n);

@@ -467,9 +467,10 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
  * waits for an answer, which dspk_submit never does), or a negative code.
  * need: the bytes cannot cross the socket (dspk__operand_needs_shm, a
  * result above dspk__result_inline_max): the call waits as with may_wait,
- * and a refused temporary is the call's failure instead of 0. */
-static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait, bool need,
-                    struct dspk__shm **out) {
+ * and a refused temporary is the call's failure instead of 0.  task_bytes:
+ * the task's inline operands and result, these n included. */
+static int shm_temp(dspk_client *c, const char *device, size_t n, uint64_t task_bytes,
+                    bool may_wait, bool need, struct dspk__shm **out) {
   struct dspk__shm *best = NULL;
   size_t want;
   int rc;
@@ -511,7 +512,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
     }
     want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
     /* One that would pass, with the shared memory c holds there already
-     * and the task's other inline bytes (c->task_bytes less these n, which
+     * and the task's other inline bytes (task_bytes less these n, which
      * the temporary carries instead; operands already in temporaries are
      * not in it), what the connection's buffers on cpu:0 may hold (hello's
      * cpu_memory_quota) would be refused, or leave the task no room (the
@@ -519,7 +520,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
      * the socket, as with threshold 0.  A temporary in whole 2 MiB units
      * can pass a small quota that the bytes alone fit. */
     if (!need && strcmp(device, "cpu:0") == 0) {
-      uint64_t held = 0, q = c->cpu_quota, rest = c->task_bytes > n ? c->task_bytes - n : 0;
+      uint64_t held = 0, q = c->cpu_quota, rest = task_bytes > n ? task_bytes - n : 0;
       for (size_t i = 0; i < c->nshm; i++)
         if (strcmp(c->shm[i].device, "cpu:0") == 0)
           held += c->shm[i].size;
@@ -619,8 +620,9 @@ const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data
   return NULL;
 }
 
-int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off) {
+int dspk__shm_operand(dspk_client *c, const char *device, const void *data, size_t n,
+                      size_t isz, uint64_t task_bytes, bool may_wait, uint64_t *id,
+                      uint64_t *off) {
   const char *p = data;
   struct dspk__shm *s;
   int rc;
@@ -644,7 +646,7 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   bool need = dspk__operand_needs_shm(c, n);
   if (!need && (!c->shm_threshold || n < c->shm_threshold))
     return 0;
-  if ((rc = shm_temp(c, device, n, may_wait, need, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, task_bytes, may_wait, need, &s)) != 1)
     return rc;
   /* A file's bytes (dspk_file_data, an operand too large for the socket)
    * are read from the file, never through the caller's mapping of it,
@@ -666,8 +668,8 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   return 1;
 }
 
-int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
-                     uint64_t *id) {
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t task_bytes,
+                     bool may_wait, uint64_t *id) {
   struct dspk__shm *s;
   int rc;
   bool need = dspk__result_needs_shm(c, n);
@@ -679,8 +681,8 @@ int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait
    * held) for it. */
   if (!need && shm_lent(c) >= SHM_LENT_MAX)
     return 0;
-  if ((rc = shm_temp(c, device, n, may_wait || need, n > dspk__result_inline_max(c),
-                     &s)) != 1)
+  if ((rc = shm_temp(c, device, n, task_bytes, may_wait || need,
+                     n > dspk__result_inline_max(c), &s)) != 1)
     return rc;
   *id = s->id;
   return 1;
