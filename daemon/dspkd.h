@@ -741,8 +741,11 @@ uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev);
  * no job), or DSPK_EPERM with msg set (a claim it may not make, or a uid
  * with several jobs here and no claim). */
 /* DSPKD_CG_TWO: the line of Slurm's hierarchy names two jobs, so neither
- * is believed (EPERM while the uid has jobs here). */
-enum { DSPKD_CG_NONE, DSPKD_CG_JOB, DSPKD_CG_GONE, DSPKD_CG_TWO };
+ * is believed (EPERM while the uid has jobs here).  DSPKD_CG_EXITING: the
+ * process was exiting, a zombie, or its main thread had exited when its
+ * cgroup was read, which then reads as the root (cgroup v1): not believed
+ * either (EPERM while the uid has jobs here). */
+enum { DSPKD_CG_NONE, DSPKD_CG_JOB, DSPKD_CG_GONE, DSPKD_CG_TWO, DSPKD_CG_EXITING };
 /* Reads the peer's cgroup into c->cg_state and c->cg_job (at accept). */
 void dspkd_job_peer_cgroup(struct conn *c);
 int dspkd_job_resolve(struct conn *c, char *msg, size_t len);

@@ -234,6 +234,41 @@ static int path_job(const char *path, uint64_t *id) {
   return state;
 }
 
+/* The kernel's PF_EXITING (include/linux/sched.h), in /proc/PID/stat's
+ * flags: set when the task begins to exit, never cleared. */
+#define TASK_PF_EXITING 0x00000004u
+
+/* Whether process pid's cgroup, just read, can be believed: its thread
+ * group leader (what /proc/PID/cgroup reads) is, after the read, neither
+ * exiting (PF_EXITING, which is never cleared: not exiting after the read
+ * is not exiting during it) nor a zombie or dead (state Z, X).  An exiting
+ * task's cgroup reads as the root of every cgroup v1 hierarchy
+ * (proc_cgroup_show), as no job: a process that connected from a child
+ * and left it unreaped, or whose main thread called pthread_exit, would
+ * otherwise have its hello claim believed in its cgroup's place.  A stat
+ * that cannot be read or parsed is not believed either. */
+static bool cgroup_believable(pid_t pid) {
+  char path[64], buf[1024], state;
+  unsigned flags;
+  const char *rp;
+  size_t n;
+  FILE *f;
+
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  if (!(f = fopen(path, "re")))
+    return false;
+  n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* "PID (COMM) STATE PPID PGRP SESSION TTY TPGID FLAGS ...": COMM may
+   * hold blanks and parentheses, so the fields after it follow its last
+   * ')'. */
+  if (!(rp = strrchr(buf, ')')) ||
+      sscanf(rp + 1, " %c %*d %*d %*d %*d %*d %u", &state, &flags) != 2)
+    return false;
+  return !strchr("ZXx", state) && !(flags & TASK_PF_EXITING);
+}
+
 /* Whether the comma list of controllers list (a /proc/PID/cgroup line's
  * second field) has name. */
 static bool has_controller(const char *list, size_t len, const char *name) {
@@ -257,7 +292,8 @@ static bool has_controller(const char *list, size_t len, const char *name) {
  * may write to, and a directory job_<other> it made there named its user's
  * other job.  The job is that line's "/job_<id>/" (path_job: two jobs in
  * it are DSPKD_CG_TWO), or none, or the cgroup could not be read because
- * the process had exited already.  A cgroup
+ * the process had exited already, or not believed because it was exiting
+ * (a zombie, or its main thread gone: cgroup_believable).  A cgroup
  * that cannot be read for another reason (permissions, or a /proc that
  * hides other users' processes) is passed by (none).  Read at once, while
  * the pid SO_PEERCRED recorded is still the peer's: read later, at the
@@ -301,6 +337,8 @@ void dspkd_job_peer_cgroup(struct conn *c) {
   fclose(f);
   if (oom)
     c->cg_state = DSPKD_CG_TWO;
+  else if (!cgroup_believable(c->pid))
+    c->cg_state = process_gone(c->pid) ? DSPKD_CG_GONE : DSPKD_CG_EXITING;
   else if (v1 || v2)
     c->cg_state = path_job(v1 ? v1 : v2, &id);
   if (c->cg_state == DSPKD_CG_JOB)
@@ -352,6 +390,16 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
     snprintf(msg, len, "the process that connected (pid %ld) had exited before its cgroup "
              "could be read, and uid %ld has %zu Slurm job(s) here: connect from the job's "
              "own process", (long)c->pid, (long)c->uid, mine);
+    return DSPK_EPERM;
+  }
+  /* Nor the cgroup of a process that was exiting, which reads as the root
+   * (a process of one job connecting from an unreaped child, to claim
+   * another job of its uid: outside probe 15 F1). */
+  if (c->cg_state == DSPKD_CG_EXITING && mine) {
+    snprintf(msg, len, "the process that connected (pid %ld) was exiting, a zombie, or its "
+             "main thread had exited when its cgroup was read, and uid %ld has %zu Slurm "
+             "job(s) here: connect from the job's own process, whose main thread lives",
+             (long)c->pid, (long)c->uid, mine);
     return DSPK_EPERM;
   }
   /* Neither job of a cgroup that names two is believed, nor a claim. */

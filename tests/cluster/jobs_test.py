@@ -103,6 +103,70 @@ def handed_on(d, job):
     return c
 
 
+def raw_client(sock, job):
+    """A Client over an open, connected socket, after its hello claiming job."""
+    import msgpack
+    c = Client.__new__(Client)
+    c.sock = sock
+    c.sock.settimeout(TIMEOUT)
+    c.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
+    c.msgid, c.responses, c.notes = 0, {}, []
+    c.call("hello", {"version": 1, "job": job})
+    return c
+
+
+def proc_state(pid):
+    """The state letter of /proc/PID/stat (its thread group leader's)."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def exiting_peer(d, job, leader):
+    """A connection whose peer (the SO_PEERCRED pid) is not live when the daemon reads
+    its cgroup, though it still exists: a child that connected a socket this process
+    holds too, then exited and is left unreaped (a zombie; leader False), or whose main
+    thread called pthread_exit while another thread lives (leader True).  With cgroup v1
+    such a process's cgroup reads as the root, no job.  The daemon is stopped from before
+    the connect until the peer is in that state (waitid WNOWAIT: exited, not reaped; or
+    its leader shown a zombie), so that it accepts and reads the cgroup then.  Returns
+    (the Client after its hello claiming job, a function that lets the child go)."""
+    import ctypes
+    import threading
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(w)
+                s.connect(d.sock)  # queued: the daemon accepts once it runs again
+                if leader:
+                    threading.Thread(target=lambda: (os.read(r, 1), os._exit(0))).start()
+                    ctypes.CDLL(None).pthread_exit(None)
+            finally:
+                os._exit(0)
+        os.close(r)
+        if leader:
+            # No event says "the leader thread exited" (the process lives on): its state
+            # is looked at until it shows it, for at most TIMEOUT.
+            for _ in range(TIMEOUT * 1000):
+                if proc_state(pid) == "Z":
+                    break
+                select.select([], [], [], 0.001)
+            check(proc_state(pid) == "Z", "the child's main thread exited")
+        else:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # exited, still a zombie
+            check(proc_state(pid) == "Z", "the child is a zombie")
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+
+    def release():
+        os.close(w)  # the leader case's thread exits then
+        os.waitpid(pid, 0)
+    return raw_client(s, job), release
+
+
 def opened_until_refused(d, most=64):
     """Connections (kept open) until the daemon refuses one: their count and
     the refusal's notice."""
@@ -281,6 +345,24 @@ def run(exe, submit, epilog, tmp, case=None):
         check(e[0] == "EPERM" and "had exited before its cgroup could be read" in e[1],
               "a handed-on connection's claim: %r" % (e,))
         ch.close()
+        # Nor when that process still exists but was exiting when its cgroup was read: a
+        # zombie (a child that connected and was left unreaped), or a process whose main
+        # thread had exited.  Its cgroup read as the root (no job) and the claim was
+        # believed: a process of one job got its uid's other job's GPU (outside probe 15
+        # F1).  The reaped one above stays "had exited".
+        for leader in (False, True):
+            ch, release = exiting_peer(d, 101, leader)
+            try:
+                e = err_of(ch, "devices", {})
+                check(e[0] == "EPERM" and "was exiting, a zombie, or its main thread had "
+                      "exited when its cgroup was read" in e[1],
+                      "a claim from an exiting peer (%s): %r"
+                      % ("main thread gone" if leader else "zombie", e))
+                e = err_of(ch, "buffer.create", {"device": gpu["id"], "size": 64})
+                check(e[0] == "EPERM", "a buffer from an exiting peer: %r" % (e,))
+            finally:
+                ch.close()
+                release()
         # ... and names one that is not registered here: EPERM.
         c9 = d.client(job=999)
         e = err_of(c9, "devices", {})
