@@ -570,6 +570,28 @@ static int parse_num(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
   return 0;
 }
 
+/* parse_num of field what (of line kind: "job", "ended") with what is
+ * wrong in why when it fails: not a decimal, a leading zero, or out of its
+ * range (job 0 is no Slurm job; uid 4294967295 is (uid_t)-1, no uid). */
+static int field_num(const char *kind, const char *what, const char *s, uint64_t lo,
+                     uint64_t hi, uint64_t *out, char *why, size_t len) {
+  size_t k = strlen(s);
+  if (parse_num(s, lo, hi, out) == 0)
+    return 0;
+  if (strspn(s, "0123456789") != k)
+    snprintf(why, len, "%s: %s \"%.24s%s\" is not a decimal number", kind, what, s,
+             k > 24 ? "..." : "");
+  else if (s[0] == '0' && s[1])
+    snprintf(why, len, "%s: %s %.24s%s has a leading zero (dspkd writes none)", kind, what, s,
+             k > 24 ? "..." : "");
+  else
+    snprintf(why, len, "%s: %s %.24s%s is out of range (%" PRIu64 " to %" PRIu64 "%s)", kind,
+             what, s, k > 24 ? "..." : "", lo, hi,
+             lo == 1 ? ": 0 is no Slurm job" : hi == UINT32_MAX - 1 ? ": 4294967295 is no uid"
+                                                                : "");
+  return -1;
+}
+
 /* A normalised UUID: 1 to DSPKD_UUID_LEN - 1 lower-case hex digits. */
 static bool uuid_ok(const char *s) {
   size_t n = strlen(s);
@@ -595,11 +617,13 @@ static bool ended_listed(const struct parsed *p, uint64_t id) {
 static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
   uint64_t id, uid;
   struct djob *j;
-  if (n < 2 || n - 2 > DSPKD_JOB_MAX_DEVICES || parse_num(w[0], 1, UINT64_MAX, &id) ||
-      parse_num(w[1], 0, UINT32_MAX - 1, &uid)) {
+  if (n < 2 || n - 2 > DSPKD_JOB_MAX_DEVICES) {
     snprintf(why, len, "expected job ID UID and at most %d UUIDs", DSPKD_JOB_MAX_DEVICES);
     return -1;
   }
+  if (field_num("job", "ID", w[0], 1, UINT64_MAX, &id, why, len) ||
+      field_num("job", "UID", w[1], 0, UINT32_MAX - 1, &uid, why, len))
+    return -1;
   if (job_listed(p, id)) {
     snprintf(why, len, "job %" PRIu64 " listed twice", id);
     return -1;
@@ -650,11 +674,14 @@ static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
 /* "ended ID UID|-".  0, or -1 with why. */
 static int parse_ended(struct parsed *p, char **w, int n, char *why, size_t len) {
   uint64_t id, uid = (uint64_t)(uid_t)-1;
-  if (n != 2 || parse_num(w[0], 1, UINT64_MAX, &id) ||
-      (strcmp(w[1], "-") != 0 && parse_num(w[1], 0, UINT32_MAX - 1, &uid))) {
+  if (n != 2) {
     snprintf(why, len, "expected ended ID UID (or - for none)");
     return -1;
   }
+  if (field_num("ended", "ID", w[0], 1, UINT64_MAX, &id, why, len) ||
+      (strcmp(w[1], "-") != 0 &&
+       field_num("ended", "UID (or -)", w[1], 0, UINT32_MAX - 1, &uid, why, len)))
+    return -1;
   if (ended_listed(p, id) || job_listed(p, id)) {
     snprintf(why, len, "job %" PRIu64 " %s", id,
              job_listed(p, id) ? "both registered and ended" : "ended twice");
@@ -694,9 +721,13 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
   uint64_t count;
   int n;
 
-  if (lineno == 1) {
-    if (strcmp(line, STATE_MAGIC) == 0)
-      return 0;
+  if (lineno == 1 && strcmp(line, STATE_MAGIC) == 0)
+    return 0;
+  /* A first line that is not a state file's (not "dspkd-jobs ...") is
+   * another file; one that is, but for a control byte (a file converted
+   * to DOS line ends whole: "dspkd-jobs 1\r"), is said as the other lines'
+   * are (outside probe 15 A3). */
+  if (lineno == 1 && strncmp(line, "dspkd-jobs ", 11) != 0) {
     snprintf(why, len, "not \"" STATE_MAGIC "\" (not a dspkd job state file, or "
              "another version's)");
     return -1;
@@ -723,6 +754,10 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
     snprintf(why, len, "%s (fields are separated by one space)",
              line[0] == ' ' ? "a blank at the start of the line"
              : strstr(line, "  ") ? "two blanks in a row" : "a blank at the end of the line");
+    return -1;
+  }
+  if (lineno == 1) {
+    snprintf(why, len, "not \"" STATE_MAGIC "\" (another version's dspkd job state file)");
     return -1;
   }
   n = split(line, w, (int)(sizeof w / sizeof w[0]));

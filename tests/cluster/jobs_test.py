@@ -885,11 +885,13 @@ def restart(exe, submit, tmp, gpu, cpu):
              (link, "symbolic link"),
              (plain("".join(lines[:-1])), "no \"end\" line"),
              (plain(good[:-3]), "cut short"),
-             (plain(good.replace("job 11 0", "job 11 x")), "line 2: expected job ID UID"),
+             (plain(good.replace("job 11 0", "job 11 x")),
+              "line 2: job: UID \"x\" is not a decimal number"),
              (plain("garbage\n"), "line 1: not \"dspkd-jobs 1\""),
              (plain(good.replace(lines[-1], "end 99\n")), "\"end 99\" but 4 records"),
              # not what the daemon writes, though each line could be read
-             (plain(good.replace("job 11 0", "job 011 0")), "line 2: expected job ID UID"),
+             (plain(good.replace("job 11 0", "job 011 0")),
+              "line 2: job: ID 011 has a leading zero (dspkd writes none)"),
              (plain(good.replace("job 11 0", "job 11 0 abcd abcd")),
               "line 2: job 11: UUID abcd listed twice"),
              (plain(good.replace("ended 10 0", "ended 11 0")),
@@ -1249,13 +1251,42 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
             ("job 5 1 %s\n" % ("a" * 45),
              "line 2: job 5: UUID \"%s...\" has 45 hex digits, more than 39" % ("a" * 40)),
             ("job 5 1 %s\n" % ("g" * 45),
-             "line 2: job 5: \"%s...\" is not a UUID (lower-case hex digits)" % ("g" * 40))):
+             "line 2: job 5: \"%s...\" is not a UUID (lower-case hex digits)" % ("g" * 40)),
+            # each number's fault named, not "expected job ID UID ..." (outside probe 15 A3)
+            ("job 01 0\n", "line 2: job: ID 01 has a leading zero (dspkd writes none)"),
+            ("job 0 0\n", "line 2: job: ID 0 is out of range (1 to 18446744073709551615: 0 "
+             "is no Slurm job)"),
+            ("job 18446744073709551616 0\n", "line 2: job: ID 18446744073709551616 is out "
+             "of range"),
+            ("job 1 4294967295\n", "line 2: job: UID 4294967295 is out of range (0 to "
+             "4294967294: 4294967295 is no uid)"),
+            ("job 1 00\n", "line 2: job: UID 00 has a leading zero"),
+            ("job 1 -1\n", "line 2: job: UID \"-1\" is not a decimal number"),
+            ("ended 0 1\n", "line 2: ended: ID 0 is out of range"),
+            ("ended 7 007\n", "line 2: ended: UID (or -) 007 has a leading zero"),
+            ("ended 7 4294967295\n", "line 2: ended: UID (or -) 4294967295 is out of range"),
+            ("job 5\n", "line 2: expected job ID UID and at most 64 UUIDs")):
         with open(state, "w") as f:
             f.write("dspkd-jobs 1\n%send 1\n" % text)
         os.chmod(state, 0o600)
         p = end_job("--socket", sock, "--end-job", "5")
         check(p.returncode == 1 and ("refusing the state file %s: %s" % (state, said))
               in p.stderr, "state file line %r: %r" % (text, p))
+    # A file converted to DOS line ends whole: its first line, "dspkd-jobs 1\r", is said
+    # to end in a carriage return, as the other lines are, not taken for another
+    # program's file; another version's file is still said to be one.
+    for text, said in (("dspkd-jobs 1\r\njob 5 1\r\nend 1\r\n",
+                        "line 1: a control byte 0x0d at byte 13 (a carriage return: DOS line "
+                        "ends?)"),
+                       ("dspkd-jobs 2\nend 0\n", "line 1: not \"dspkd-jobs 1\" (another "
+                        "version's dspkd job state file)"),
+                       ("dspkd-jobs  1\nend 0\n", "line 1: two blanks in a row")):
+        with open(state, "w") as f:
+            f.write(text)
+        os.chmod(state, 0o600)
+        p = end_job("--socket", sock, "--end-job", "5")
+        check(p.returncode == 1 and ("refusing the state file %s: %s" % (state, said))
+              in p.stderr, "state file %r: %r" % (text, p))
     os.unlink(state)
     # No directory for it either (/run/dspk on a node just rebooted): nothing to end,
     # exit 4 as for no file (it exited 2); the epilog says so truthfully, exit 0 (no
