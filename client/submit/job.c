@@ -14,13 +14,15 @@
 
 #define MAX_UUIDS 64
 
-/* A decimal job id or uid from an option or the environment, at most max.
- * A job id (job true) is one as $SLURM_JOB_ID, $DSPK_JOB and the daemon's
- * state file have it, and dspkd --end-job and hello take it: 1 or more
- * without a leading zero ("043" would be job 43 here and no job there). */
+/* A decimal job id or uid from an option or the environment, at most max,
+ * without a leading zero, as $SLURM_JOB_ID, $SLURM_JOB_UID, $DSPK_JOB and
+ * the daemon's state file have them.  A job id (job true), as dspkd
+ * --end-job and hello take it, is 1 or more ("043" would be job 43 here and
+ * no job there); a uid may be 0, but "00" and "0010" (8 in octal) are no
+ * uid Slurm sets (outside probe 15 F3: "00" registered root's). */
 static int parse_id(const char *s, bool job, unsigned long long max, unsigned long long *out) {
   char *end;
-  if (!s || *s < (job ? '1' : '0') || *s > '9')
+  if (!s || *s < (job ? '1' : '0') || *s > '9' || (s[0] == '0' && s[1]))
     return -1;
   errno = 0;
   *out = strtoull(s, &end, 10);
@@ -113,7 +115,8 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (reg && (!uids || (!*uids && !seen_uid)))
     return dspk__sub_usage(ctx, "--uid: the job's uid (default $SLURM_JOB_UID) is needed");
   if (reg && parse_id(uids, false, 0xfffffffeULL, &uid) != 0)
-    return dspk__sub_usage(ctx, "bad %s '%s' (want a uid, 0..4294967294)",
+    return dspk__sub_usage(ctx, "bad %s '%s' (want a uid, a decimal number from 0 to "
+                           "4294967294 without leading zeros, signs or blanks)",
                            seen_uid ? "--uid" : "$SLURM_JOB_UID", uids);
   if (devs) {
     if (strlen(devs) >= sizeof devbuf)

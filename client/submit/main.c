@@ -258,7 +258,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  --job ID            the Slurm job id (default $SLURM_JOB_ID), no leading\n"
      "                      zero (043 is refused, as everywhere)\n"
      "  --uid UID           register only: the uid the job runs as (default\n"
-     "                      $SLURM_JOB_UID)\n"
+     "                      $SLURM_JOB_UID), 0 to 4294967294, no leading zero\n"
      "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
      "                      separated, no empty item (as devices lists them;\n"
      "                      dashes, case and a GPU- prefix do not matter)\n"

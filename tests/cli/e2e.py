@@ -2649,7 +2649,14 @@ def command_line_round6(cli, tmp):
                         "id, a decimal number from 1 to 18446744073709551615 without "
                         "leading zeros, signs or blanks)"),
                        (["--job", "00", "--uid", "5"], "bad --job '00'"),
-                       (["--job", "0", "--uid", "5"], "bad --job '0'")):
+                       (["--job", "0", "--uid", "5"], "bad --job '0'"),
+                       # nor in a uid: "00" registered root's, "0010" uid 10 (8 in
+                       # octal) (outside probe 15 F3)
+                       (["--job", "7", "--uid", "00"], "bad --uid '00' (want a uid, a "
+                        "decimal number from 0 to 4294967294 without leading zeros, signs "
+                        "or blanks)"),
+                       (["--job", "7", "--uid", "01501"], "bad --uid '01501'"),
+                       (["--job", "7", "--uid", "0010"], "bad --uid '0010'")):
         err = cli.fails(nosock + ["job", "register"] + args, "job", "EINVAL", rc_want=2,
                         sock=False, detail=want)
         check("is needed" not in err, "job %s: %r" % (args, err))
@@ -2666,6 +2673,10 @@ def command_line_round6(cli, tmp):
                       env=dict(env, SLURM_JOB_ID=bad),
                       detail="bad $SLURM_JOB_ID '%s' (want a Slurm job id, a decimal number "
                       "from 1 to" % bad)
+    for bad in ("00", "01501"):
+        cli.fails(nosock + ["job", "register", "--job", "7"], "job", "EINVAL", rc_want=2,
+                  sock=False, env=dict(env, SLURM_JOB_UID=bad),
+                  detail="bad $SLURM_JOB_UID '%s' (want a uid" % bad)
     # Numbers: no leading blank, no '+', no hex, anywhere.
     for args in (["ping", "-c", " 2"], ["ping", "-c", "+2"], ["ping", "-c", "0x2"],
                  ["map", "scale", a, "--alpha", " 2"], ["map", "scale", a, "--alpha", "+2"],
