@@ -57,6 +57,16 @@ if [ -z "$digits" ] || [ "${#digits}" -gt 9 ]; then
     "999999999 (unset or empty: 120)" >&2
   exit 2
 fi
+# A socket path longer than a Unix socket's 107 bytes is no daemon's: said
+# once, exit 2, before dspk-submit or dspkd --end-job refuse it (the epilog
+# then said the job "stays registered" and named a command that fails the
+# same way: outside probe 15 F2).
+bytes=$(printf '%s' "$socket" | LC_ALL=C wc -c)
+if [ "$bytes" -gt 107 ]; then
+  echo "dspk $what: job $job: DSPK_SOCKET is $bytes bytes long, more than a Unix socket's" \
+    "107: no dspkd can listen on $socket; set DSPK_SOCKET to the daemon's socket" >&2
+  exit 2
+fi
 # A path must be an executable file (dash's command -v takes any file for one).
 case $submit in
   */*) [ -f "$submit" ] && [ -x "$submit" ] ;;

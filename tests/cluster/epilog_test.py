@@ -78,15 +78,38 @@ def run(a, tmp):
     rel = os.path.join(tmp, "rel.conf")
     with open(rel, "w") as f:
         f.write("[daemon]\njob_state = rel.jobs\n")
+    # --end-job's exit 2 (its command line or the configuration file refused: a relative
+    # job_state, a misspelt option) looked at no state file: said so, never "the job
+    # stays registered there" (outside probe 15 F2).
+    refused = ("dspkd --end-job refused its command line or the daemon's configuration "
+               "(exit 2, above) before it looked at any state file: whether the job is "
+               "registered there is not known; fix DSPK_DSPKD_OPTIONS")
     for env, why in (({"DSPK_DSPKD": os.path.join(tmp, "nodspkd")}, "named by DSPK_DSPKD"),
-                     ({"DSPK_DSPKD_OPTIONS": "--config " + rel},
-                      "could not end the job in its state file (exit 2")):
+                     ({"DSPK_DSPKD_OPTIONS": "--config " + rel}, refused),
+                     ({"DSPK_DSPKD_OPTIONS": "--confg " + rel}, refused)):
         p = script(epilog, a.submit, none, **env)
         check(p.returncode == 1 and p.stdout == "" and why in p.stderr and
               p.stderr.splitlines()[-1].startswith(
                   "dspk epilog: job 77: no dspkd listens on %s (no socket file), and " % none)
-              and "dspkd --socket %s --end-job 77" % none in p.stderr,
-              "no socket, %s: %r" % (why, p))
+              and "dspkd --socket %s --end-job 77" % none in p.stderr and
+              ("stays registered" in p.stderr) == (why != refused),
+              "no socket, %s: %r" % (env, p))
+    # A DSPK_SOCKET longer than a Unix socket's 107 bytes: no daemon can listen there;
+    # both scripts say so first (exit 2, one line), 107 bytes still go on.
+    for n, rc in ((108, 2), (107, 0)):
+        long_sock = os.path.join(tmp, "l" * (n - len(tmp) - 1 - 5) + ".sock")
+        check(len(long_sock.encode()) == n, "a socket path of %d bytes" % n)
+        for s in (epilog, prolog):
+            p = script(s, a.submit, long_sock)
+            if rc == 2:
+                check(p.returncode == 2 and p.stdout == "" and p.stderr ==
+                      "dspk %s: job 77: DSPK_SOCKET is 108 bytes long, more than a Unix "
+                      "socket's 107: no dspkd can listen on %s; set DSPK_SOCKET to the "
+                      "daemon's socket\n" % (os.path.basename(s), long_sock),
+                      "%s, a socket of 108 bytes: %r" % (s, p))
+            elif s == epilog:
+                check(p.returncode == 0 and "no state file" in p.stderr,
+                      "the epilog, a socket of 107 bytes: %r" % (p,))
     p = script(prolog, a.submit, none)
     check(p.returncode == 1 and "ECONNECT" in p.stderr, "prolog without a socket: %r" % (p,))
 
