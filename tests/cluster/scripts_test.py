@@ -174,6 +174,35 @@ def gpu_map(sdir, tmp, sock):
     check(p.returncode == 1 and p.stdout == "" and
           p.stderr == 'dspk prolog: job 7: no UUID for GPU index 5 (add "5 UUID" to %s)\n' % path,
           "an index not in the map: %r" % (p,))
+    # A map that is not a regular file it can read, or that DSPK_GPU_MAP names but is not
+    # there, fails the prolog saying so: it was awk's "read error (Is a directory)" and
+    # "add ... to DIR", or "add ... to" a file that does not exist (outside probe 15 F6).
+    # A job without GPUs does not look at it.
+    mapdir = os.path.join(tmp, "mapdir")
+    os.mkdir(mapdir)
+    fifo = os.path.join(tmp, "map.fifo")
+    os.mkfifo(fifo)
+    missing = os.path.join(tmp, "missing.map")
+    for where, err in ((mapdir, "the GPU map %s is not a regular file (directory)" % mapdir),
+                       (fifo, "the GPU map %s is not a regular file (fifo)" % fifo),
+                       (missing, "the GPU map %s (named by DSPK_GPU_MAP) does not exist"
+                        % missing)):
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=where,
+                SLURM_JOB_GPUS="0")
+        check(p.returncode == 1 and p.stdout == "" and
+              p.stderr == "dspk prolog: job 7: %s\n" % err, "map %s: %r" % (where, p))
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=where,
+                SLURM_JOB_GPUS="")
+        check(p.returncode == 0, "map %s, no GPU: %r" % (where, p))
+    if os.getuid() != 0:  # root reads any file
+        with open(missing, "w") as f:
+            f.write("0 %s\n" % UUID[0])
+        os.chmod(missing, 0)
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=missing,
+                SLURM_JOB_GPUS="0")
+        check(p.returncode == 1 and p.stderr == "dspk prolog: job 7: cannot read the GPU "
+              "map %s\n" % missing, "an unreadable map: %r" % (p,))
+        os.unlink(missing)
     # Every line of the index counts: one without a UUID is named (file:line) even when
     # a good one follows; two lines with two UUIDs are refused, both named; the same UUID
     # twice (another spelling) is one.
