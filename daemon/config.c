@@ -1404,10 +1404,16 @@ void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long lon
              DSPKD_LINGER_MAX + DSPKD_NOFILE_RESERVE);
 }
 
+static dspkd_job_state_check *job_state_check;
+
+void dspkd_config_job_state_check(dspkd_job_state_check *check) {
+  job_state_check = check;
+}
+
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw, was;
   size_t clients_were = d->cfg.max_clients;
-  char err[3 * PATH_MAX + 512];
+  char err[3 * PATH_MAX + 512], jobs[PATH_MAX];
   int r;
 
   if (!conf_path[0]) {
@@ -1436,6 +1442,21 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
           ((flag_mask >> key_index("cache")) | (flag_mask >> key_index("no_cache"))) & 1, err,
           sizeof err) != 0) {
     dspkd_error("reload: %s; keeping the running configuration", err);
+    if (msg && msglen)
+      snprintf(msg, msglen, "%.*s; keeping the running configuration",
+               (int)(msglen > 64 ? msglen - 40 : msglen), err);
+    r = DSPK_EINVAL;
+    goto out;
+  }
+  /* The new state file's directory and lock, as the next start checks
+   * them (daemon/jobstate.c): a missing directory, another running
+   * daemon's file or a hard link to it was "takes effect at the next
+   * start", which refused it (outside probe 15 F4). */
+  if (job_state_check && !((flag_mask >> key_index("job_state")) & 1) &&
+      dspkd_paths_reload_job_state(&nw, (flag_mask >> key_index("socket")) & 1, jobs,
+                                   sizeof jobs) == 0 &&
+      job_state_check(d, jobs, err, sizeof err) != 0) {
+    dspkd_error("reload: Slurm jobs: %s; keeping the running configuration", err);
     if (msg && msglen)
       snprintf(msg, msglen, "%.*s; keeping the running configuration",
                (int)(msglen > 64 ? msglen - 40 : msglen), err);

@@ -53,6 +53,7 @@
 #include "daemon/config.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
+#include "daemon/paths.h"
 
 #define STATE_MAGIC "dspkd-jobs 1"
 #define STATE_MAX_BYTES (16u << 20) /* 4096 jobs of 64 UUIDs take under 11 MiB */
@@ -96,24 +97,41 @@ static void dir_of(const char *path, char *dir, size_t len) {
 
 /* The state file's directory exists and is a directory, so that the
  * first job.register does not find out (a typo in job_state).  0, or -1
- * (logged). */
-static int check_dir(const char *path) {
+ * with why ("its directory DIR: REASON (...)", "DIR is not a directory
+ * (...)"). */
+static int check_dir(const char *path, char *why, size_t len) {
   char dir[sizeof((struct dspkd *)0)->job_state];
   struct stat st;
 
   dir_of(path, dir, sizeof dir);
   if (stat(dir, &st) != 0) {
-    dspkd_error("Slurm jobs: the state file %s cannot be written: its directory %s: %s "
-                "(create it, or set job_state)", path, dir, strerror(errno));
+    snprintf(why, len, "its directory %s: %s (create it, or set job_state)", dir,
+             strerror(errno));
     return -1;
   }
   if (!S_ISDIR(st.st_mode)) {
-    dspkd_error("Slurm jobs: the state file %s cannot be written: %s is not a directory "
-                "(set job_state)", path, dir);
+    snprintf(why, len, "%s is not a directory (set job_state)", dir);
     return -1;
   }
   return 0;
 }
+
+/* Whether the regular file at path has other names (hard links): a lock
+ * guards a path, so a daemon on another name of a running daemon's state
+ * file would take the file for its own, its jobs with it (outside probe 15
+ * F5).  dspkd itself never links it (it renames a new file over it).  The
+ * count in *n when so. */
+static bool linked(const char *path, unsigned long *n) {
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink < 2)
+    return false;
+  *n = (unsigned long)st.st_nlink;
+  return true;
+}
+
+#define LINKED_WHY "it has %lu hard links (other names of the file: another dspkd's state " \
+                   "file, whose lock guards its own name only, at worst): remove the other " \
+                   "links, or give job_state another path"
 
 /* Why a file that lstat(2) found to be of mode, not a regular file, is
  * refused: the words of the start (open_safe, lock_take) and of dspkd
@@ -259,15 +277,18 @@ static int note_lock(struct dspkd *d, int fd) {
 }
 
 int dspkd_jobstate_start(struct dspkd *d) {
-  char why[256] = "";
+  char why[sizeof d->job_state + 256] = "";
+  unsigned long links;
   int fd, r = name_file(d);
 
   if (r != 0) {
     d->job_state[0] = '\0';
     return r < 0 ? -1 : 0; /* no file: nothing to guard */
   }
-  if (check_dir(d->job_state) != 0)
+  if (check_dir(d->job_state, why, sizeof why) != 0) {
+    dspkd_error("Slurm jobs: the state file %s cannot be written: %s", d->job_state, why);
     return -1;
+  }
   /* A dspkd --end-job holds the lock for one rewrite of the file: waited
    * for, up to 2 s; another daemon holds it for good. */
   for (int i = 0; (fd = lock_take(d->job_state, geteuid(), getegid(), true, why,
@@ -296,7 +317,52 @@ int dspkd_jobstate_start(struct dspkd *d) {
                 "job_state another path", d->job_state);
     return -1;
   }
+  if (linked(d->job_state, &links)) {
+    dspkd_error("Slurm jobs: refusing the state file %s: " LINKED_WHY "; not starting",
+                d->job_state, links);
+    return -1;
+  }
   /* Held, never closed: the kernel lets it go when the daemon exits. */
+  dspkd_config_job_state_check(dspkd_jobstate_reload_check);
+  return 0;
+}
+
+int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, char *why,
+                                size_t len) {
+  char reason[sizeof d->job_state + 256] = "";
+  unsigned long links;
+  int fd;
+
+  /* The file the daemon runs on: its lock is this daemon's. */
+  if (d->job_state[0] && dspkd_paths_same(path, d->job_state))
+    return 0;
+  if (check_dir(path, reason, sizeof reason) != 0) {
+    snprintf(why, len, "the state file %s cannot be written: %s", path, reason);
+    return -1;
+  }
+  /* The lock as the start takes it, let go at once; not made when absent
+   * (no daemon holds it then). */
+  fd = lock_take(path, geteuid(), getegid(), false, reason, sizeof reason);
+  if (fd >= 0)
+    close(fd);
+  if (fd == -2) {
+    snprintf(why, len, "another process holds %s.lock: another dspkd uses the state file "
+             "%s (or its epilog's dspkd --end-job does now), which the next start refuses: "
+             "give each daemon its own job_state", path, path);
+    return -1;
+  }
+  if (fd == -1) {
+    snprintf(why, len, "the next start cannot lock %s.lock: %s", path, reason);
+    return -1;
+  }
+  if (held_by_other(path)) {
+    snprintf(why, len, "job_state %s: " HELD_WHY, path);
+    return -1;
+  }
+  if (linked(path, &links)) {
+    snprintf(why, len, "job_state %s: " LINKED_WHY, path, links);
+    return -1;
+  }
   return 0;
 }
 
@@ -1125,6 +1191,7 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   gid_t group = getegid();
   char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
   char note[sizeof d->job_state + 32];
+  unsigned long links;
   bool exists;
   int fd, r;
   mode_t mode;
@@ -1179,6 +1246,12 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   }
   if (note_lock(d, fd) != 0 || held_by_other(d->job_state)) {
     r = refuse(d, id, d->job_lock_held ? HELD_WHY : strerror(errno));
+    close(fd);
+    return r;
+  }
+  if (linked(d->job_state, &links)) {
+    snprintf(why, sizeof why, LINKED_WHY, links);
+    r = refuse(d, id, why);
     close(fd);
     return r;
   }

@@ -393,6 +393,14 @@ int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
                      len);
 }
 
+int dspkd_paths_reload_job_state(const struct dspkd_config *nw, bool socket_fixed,
+                                 char *jobs, size_t len) {
+  char sock[PATH_MAX];
+  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
+    return -1;
+  return reload_job_state(nw, sock, jobs, len);
+}
+
 int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
                                const struct dspkd_config *nw, bool socket_fixed) {
   char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX];

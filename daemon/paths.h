@@ -68,6 +68,13 @@ int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
 int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
                              bool job_state_fixed, bool cache_fixed, char *why, size_t len);
 
+/* At a reload: the state file the file nw gives the next start (its
+ * job_state, else the default of the socket it gives; socket_fixed: the
+ * command line's socket), absolute, in jobs.  0, or -1 when none can be
+ * told. */
+int dspkd_paths_reload_job_state(const struct dspkd_config *nw, bool socket_fixed,
+                                 char *jobs, size_t len);
+
 /* 1 when a and b name the same file: the same inode where both exist,
  * else the same path once their directories are resolved. */
 bool dspkd_paths_same(const char *a, const char *b);

@@ -1554,8 +1554,10 @@ def lock_guard(exe, tmp):
 
 def reload_guard(exe, tmp):
     """A reload refuses a job_state the next start would refuse (dspk.conf(5)): the
-    configuration file itself, the socket, a name ending in .lock; the running
-    configuration stays, and the log names the reason."""
+    configuration file itself, the socket, a name ending in .lock, a missing directory or
+    one that is a file, another running daemon's state file (its lock held) or a hard
+    link to it; the running configuration stays, and the log names the reason.  The
+    hard link is refused at start and by --end-job too."""
     os.mkdir(tmp)
     os.chmod(tmp, 0o711)
     conf = os.path.join(tmp, "d.conf")
@@ -1576,6 +1578,75 @@ def reload_guard(exe, tmp):
                   "takes effect at the next start" not in log and
                   "configuration reloaded" not in log, "reload, job_state %s: the log:\n%s"
                   % (value, log[-3000:]))
+        # What the next start refuses for the file's directory, its lock or its links is
+        # refused too (outside probe 15 F4, F5: "takes effect at the next start", and an
+        # epilog meanwhile ended jobs in a file no daemon used): no directory, a directory
+        # that is a file, another running daemon's state file, a hard link to it.
+        with open(os.path.join(tmp, "file"), "w"):
+            pass
+        other = os.path.join(tmp, "o")
+        os.mkdir(other)
+        o = Daemon.__new__(Daemon)
+        o.sock = os.path.join(other, "o.sock")
+        o.log = open(os.path.join(other, "o.log"), "w+")
+        o.proc = dspk_daemon.start(dspk_daemon.cmdline(exe, o.sock, ["--config", ""],
+                                                       backends="cpu"), TIMEOUT, stderr=o.log)
+        check(o.proc is not None, "the other daemon started")
+        try:
+            o.client().call("job.register", {"job": 7, "uid": NOBODY, "devices": []})
+            os.link(os.path.join(other, "o.jobs"), os.path.join(tmp, "hard.jobs"))
+            for value, why in (
+                    (os.path.join(tmp, "nodir", "x.jobs"),
+                     "the state file %s cannot be written: its directory %s: No such file"
+                     % (os.path.join(tmp, "nodir", "x.jobs"), os.path.join(tmp, "nodir"))),
+                    (os.path.join(tmp, "file", "x.jobs"),
+                     "the state file %s cannot be written: %s is not a directory"
+                     % (os.path.join(tmp, "file", "x.jobs"), os.path.join(tmp, "file"))),
+                    (os.path.join(other, "o.jobs"),
+                     "another process holds %s.lock: another dspkd uses the state file"
+                     % os.path.join(other, "o.jobs")),
+                    (os.path.join(tmp, "hard.jobs"),
+                     "job_state %s: it has 2 hard links" % os.path.join(tmp, "hard.jobs"))):
+                with open(conf, "w") as f:
+                    f.write("[daemon]\njob_state = %s\n" % value)
+                e = err_of(d.client(), "daemon.reload", {})
+                check(e[0] == "EINVAL" and why in e[1] and
+                      "keeping the running configuration" in e[1],
+                      "reload, job_state %s: %r" % (value, e))
+                log = d.logtext()
+                check(("reload: Slurm jobs: %s" % why) in log and
+                      "takes effect at the next start" not in log and
+                      "configuration reloaded" not in log,
+                      "reload, job_state %s: the log:\n%s" % (value, log[-3000:]))
+            check(not os.path.exists(os.path.join(tmp, "hard.jobs.lock")),
+                  "no lock made by the reload's look")
+            # The other daemon's lock was let go by the look at the hard link: it still
+            # registers.
+            o.client().call("job.register", {"job": 8, "uid": NOBODY, "devices": []})
+            # The same refusal at the next start (exit 2, one line) and by --end-job
+            # (exit 1), the other daemon's file unchanged.
+            before = open(os.path.join(other, "o.jobs")).read()
+            os.unlink(os.path.join(tmp, "hard.jobs"))
+            os.link(os.path.join(other, "o.jobs"), os.path.join(tmp, "hard.jobs"))
+            hard = os.path.join(tmp, "hard.jobs")
+            p = subprocess.run(dspk_daemon.cmdline(exe, os.path.join(tmp, "h.sock"),
+                                                   ["--config", "", "--job-state", hard],
+                                                   backends="cpu"),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+                  "refusing the state file %s: it has 2 hard links" % hard in p.stderr,
+                  "a start on a hard link to a running daemon's state file: %r" % (p,))
+            p = subprocess.run([exe, "--config", "", "--job-state", hard, "--end-job", "8"],
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            check(p.returncode == 1 and "it has 2 hard links" in p.stderr and
+                  open(hard).read() == before and
+                  open(os.path.join(other, "o.jobs")).read() == before,
+                  "--end-job on a hard link: %r" % (p,))
+            o.stop()
+        except BaseException:
+            sys.stderr.write(o.logtext()[-3000:])
+            o.proc.kill()
+            raise
         # A good one is still taken (said as a change for the next start).
         with open(conf, "w") as f:
             f.write("[daemon]\njob_state = %s\n" % os.path.join(tmp, "next.jobs"))
