@@ -1414,7 +1414,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw, was;
   size_t clients_were = d->cfg.max_clients;
   char err[3 * PATH_MAX + 512], jobs[PATH_MAX];
-  int r;
+  int r, made;
 
   if (!conf_path[0]) {
     dspkd_info("reload: started with --config \"\": no configuration file to read");
@@ -1453,9 +1453,9 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
    * daemon's file or a hard link to it was "takes effect at the next
    * start", which refused it (outside probe 15 F4). */
   if (job_state_check && !((flag_mask >> key_index("job_state")) & 1) &&
-      dspkd_paths_reload_job_state(&nw, (flag_mask >> key_index("socket")) & 1, jobs,
-                                   sizeof jobs) == 0 &&
-      job_state_check(d, jobs, err, sizeof err) != 0) {
+      (made = dspkd_paths_reload_job_state(&nw, (flag_mask >> key_index("socket")) & 1, jobs,
+                                           sizeof jobs)) >= 0 &&
+      job_state_check(d, jobs, made == 0, err, sizeof err) != 0) {
     dspkd_error("reload: Slurm jobs: %s; keeping the running configuration", err);
     if (msg && msglen)
       snprintf(msg, msglen, "%.*s; keeping the running configuration",

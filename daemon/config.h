@@ -85,13 +85,14 @@ const char *dspkd_config_name(const char *key, char *buf, size_t len);
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen);
 
 /* The check a reload makes of the state file the next start would use,
- * when it is not the running one (daemon/jobstate.c hands its own,
+ * when it is not the running one (dir: its directory is checked too, not
+ * one the start makes; daemon/jobstate.c hands its own,
  * dspkd_jobstate_reload_check, once the daemon holds its lock; config.c
  * does not link the state file's code, which a program that reads the
  * configuration alone, the fuzz harness, does without): 0, or -1 with
  * the reason in why (the reload then keeps the running configuration). */
-typedef int dspkd_job_state_check(const struct dspkd *d, const char *path, char *why,
-                                  size_t len);
+typedef int dspkd_job_state_check(const struct dspkd *d, const char *path, bool dir,
+                                  char *why, size_t len);
 void dspkd_config_job_state_check(dspkd_job_state_check *check);
 
 /* Logs whether RLIMIT_NOFILE can hold max_clients connections with their

@@ -800,11 +800,12 @@ void dspkd_job_end_unrecord(struct dspkd *d, const struct dspkd_ended_undo *undo
 int dspkd_jobstate_start(struct dspkd *d);
 /* At a reload whose file gives job_state path (absolute) for the next
  * start, other than the file d runs on: the checks of dspkd_jobstate_start
- * that a path may fail (its directory; PATH.lock, looked at and locked
+ * that a path may fail (its directory, unless dir is false: the default
+ * socket's, which the start makes; PATH.lock, looked at and locked
  * without being made, and let go at once: another daemon's; a lock file
  * named as the state file; a file with other hard links).  0, or -1 with
  * the reason in why (the reload keeps the running configuration). */
-int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, char *why,
+int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, bool dir, char *why,
                                 size_t len);
 /* dspkd --end-job ID (no daemon is started): marks job id ended in the
  * state file the daemon would use, as job.end does, keeping the file's

@@ -327,7 +327,7 @@ int dspkd_jobstate_start(struct dspkd *d) {
   return 0;
 }
 
-int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, char *why,
+int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, bool dir, char *why,
                                 size_t len) {
   char reason[sizeof d->job_state + 256] = "";
   unsigned long links;
@@ -336,7 +336,7 @@ int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, char *w
   /* The file the daemon runs on: its lock is this daemon's. */
   if (d->job_state[0] && dspkd_paths_same(path, d->job_state))
     return 0;
-  if (check_dir(path, reason, sizeof reason) != 0) {
+  if (dir && check_dir(path, reason, sizeof reason) != 0) {
     snprintf(why, len, "the state file %s cannot be written: %s", path, reason);
     return -1;
   }

@@ -396,9 +396,14 @@ int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
 int dspkd_paths_reload_job_state(const struct dspkd_config *nw, bool socket_fixed,
                                  char *jobs, size_t len) {
   char sock[PATH_MAX];
-  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
+  const char *env = getenv("DSPK_SOCKET");
+  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0 ||
+      reload_job_state(nw, sock, jobs, len) != 0)
     return -1;
-  return reload_job_state(nw, sock, jobs, len);
+  /* The default socket's directory (/run/dspk, $XDG_RUNTIME_DIR/dspk) is
+   * made by the start before it looks at the state file beside it. */
+  return !nw->job_state && !run.activated && !socket_fixed && !nw->socket_path[0] &&
+         !(env && *env);
 }
 
 int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,

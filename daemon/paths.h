@@ -70,8 +70,9 @@ int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
 
 /* At a reload: the state file the file nw gives the next start (its
  * job_state, else the default of the socket it gives; socket_fixed: the
- * command line's socket), absolute, in jobs.  0, or -1 when none can be
- * told. */
+ * command line's socket), absolute, in jobs.  0; 1 when it is the default
+ * socket's default state file, whose directory the start makes; -1 when
+ * none can be told. */
 int dspkd_paths_reload_job_state(const struct dspkd_config *nw, bool socket_fixed,
                                  char *jobs, size_t len);
 
