@@ -29,8 +29,11 @@
  * lock file is still the inode it locked (EIO when not: its lock no longer
  * keeps anyone off the file).  A PATH.lock that is not empty (another
  * daemon's state file) is never taken for the lock, nor a PATH that another
- * process holds an flock on for a state file (another daemon's lock file);
- * daemon/paths.c refuses the names of such files (.lock, .tmp).  dspkd --end-job ID (no daemon started:
+ * process holds an flock on for a state file (another daemon's lock file),
+ * nor a PATH with other hard links (the lock guards a name, not the file);
+ * daemon/paths.c refuses the names of such files (.lock, .tmp).  A reload
+ * whose job_state names another file runs the same checks on it
+ * (dspkd_jobstate_reload_check).  dspkd --end-job ID (no daemon started:
  * the epilog of a job that ended while no daemon listened) takes it without
  * waiting, reads the file as the start does (what is there but is not a
  * regular file is refused for that reason, never taken for no file),
