@@ -722,11 +722,17 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * job's: that is DSPK_ENODEV, in the daemon's words, as the task gets it
  * with small operands, since no size would help (asked with a
  * buffer.create that the daemon refuses whatever the device, making
- * nothing); so is a temporary that the daemon refuses with DSPK_ENODEV.  A raw kernel's inline tensors go
+ * nothing); so is a temporary that the daemon refuses with DSPK_ENODEV, and
+ * a device name longer than 47 bytes is DSPK_ELIMIT "device: longer than 47
+ * bytes", as the daemon says it.  A raw kernel's inline tensors go
  * inline both ways (not through shared memory): together at most
  * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
  * anything is sent otherwise), and in one request with the source; larger
- * ones go as buffer references (is_ref). */
+ * ones go as buffer references (is_ref).  Unless its device (for "any":
+ * every device) runs no raw kernels, or none of its language: that is the
+ * daemon's DSPK_ENOTSUP, in its words for small tensors, at any size
+ * (asked with a stand-in of the task, one f32 element and a source that
+ * no compiler takes, which never runs). */
 DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
 
 /*

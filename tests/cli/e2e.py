@@ -2100,7 +2100,11 @@ def suite_shell(cli, tmp, dspkd):
                 (["--device", "cpu:1"], "ENODEV", 'no device "cpu:1" (the devices method '
                                                   'lists them)'),
                 (["--device", "vulkan:0"], "ENODEV", 'no device "vulkan:0" (the devices '
-                                                     'method lists them)')):
+                                                     'method lists them)'),
+                # A name longer than a device's may be: ELIMIT in the
+                # daemon's words at both sizes (probe 15 D4: the large one
+                # advised raising max_message).
+                (["--device", "x" * 48], "ELIMIT", "device: longer than 47 bytes")):
             small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", code)
             large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", code)
             check(small == large == "dspk-submit: kernel: %s: %s\n" % (code, want),
