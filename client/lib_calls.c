@@ -1102,7 +1102,7 @@ static int kernel_fits(dspk_client *c, const dspk_task *t) {
  * device, lib_shm.c); else the threshold that would, where the current
  * one (0: off, or above their largest) does not. */
 static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
-                       char *buf, size_t len) {
+                       uint64_t task_bytes, char *buf, size_t len) {
   /* What "any" is decides whether a temporary is made for it: asked now
    * where no task has asked yet (threshold 0 never does). */
   size_t big = 0;
@@ -1112,7 +1112,18 @@ static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, c
         !dspk__file_range(c, x->data, x->nbytes))
       big = x->nbytes;
   }
-  if (big == 0 || (c->shm_threshold != 0 && c->shm_threshold <= big))
+  /* A temporary that the connection's quota on cpu:0 leaves no room for is
+   * not made, whatever the threshold: said so, not a threshold to set. */
+  if (big != 0 &&
+      (strcmp(device, "cpu:0") == 0 ||
+       (strcmp(device, "any") == 0 && dspk__shm_any_is_cpu(c))) &&
+      dspk__shm_quota_stops(c, "cpu:0", big, task_bytes))
+    snprintf(buf, len, "dspk_shared_alloc; no temporary is made for them "
+             "(dspk_set_shared_threshold), whatever the threshold: one of %zu bytes, in whole "
+             "2 MiB units, with the task's other inline bytes would pass the %llu bytes this "
+             "connection may hold on cpu:0 (max_conn_memory or max_user_memory)",
+             big, (unsigned long long)c->cpu_quota);
+  else if (big == 0 || (c->shm_threshold != 0 && c->shm_threshold <= big))
     snprintf(buf, len, "dspk_shared_alloc");
   else if (strcmp(device, "any") == 0 && !dspk__shm_any_is_cpu(c))
     snprintf(buf, len, "dspk_shared_alloc; a temporary, dspk_set_shared_threshold, is made "
@@ -1130,9 +1141,9 @@ static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, c
  * inline (shm: those a shared buffer carries) through buffers, where that
  * would make room enough. */
 static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
-                        size_t total) {
+                        uint64_t task_bytes, size_t total) {
   size_t inl = inline_bytes(t, shm);
-  char src[64] = "", remedy[192];
+  char src[64] = "", remedy[512];
   int rc;
   /* A device the daemon would refuse the task for is that refusal (ENODEV),
    * as a small task gets it: no size advice helps then. */
@@ -1152,7 +1163,7 @@ static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, 
                       "buffer references (is_ref: dspk_buffer_create and dspk_buffer_write, "
                       "or dspk_shared_alloc)", total, c->send_max, t->kernel.source_len,
                       inl);
-  shm_remedy(c, t, device, shm, remedy, sizeof remedy);
+  shm_remedy(c, t, device, shm, task_bytes, remedy, sizeof remedy);
   return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                     "%zu-byte message limit (max_message); pass big operands through "
                     "daemon buffers (is_ref: dspk_buffer_write splits) or shared memory "
@@ -1283,7 +1294,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   pack_params(&a, &w);
   rc = dspk__send(c, &w, id);
   if (rc == DSPK_ELIMIT && dspk__wbuf_len(&w) > c->send_max)
-    rc = task_too_big(c, t, device, shm, dspk__wbuf_len(&w));
+    rc = task_too_big(c, t, device, shm, task_bytes, dspk__wbuf_len(&w));
   dspk__wbuf_free(&w);
   dspk__shm_sent(c, id, rc == 0);
   if (rc != 0)

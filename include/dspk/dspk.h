@@ -717,7 +717,10 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * and, where a temporary would be made for them (for "any": the daemon has
  * no hardware device, asked with a `devices` call where not known yet), the
  * shared threshold that would carry the inline operands (at most the
- * largest's size) when the current one (0: off, or above it) does not.
+ * largest's size) when the current one (0: off, or above it) does not;
+ * where the connection's quota on cpu:0 (hello's cpu_memory_quota) leaves
+ * no room for that temporary (see dspk_set_shared_threshold: none is made
+ * then), it says so, with the quota, instead of a threshold.
  * Unless the task's device (not "any") does not exist or is not the Slurm
  * job's: that is DSPK_ENODEV, in the daemon's words, as the task gets it
  * with small operands, since no size would help (asked with a
