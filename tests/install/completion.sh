@@ -147,15 +147,15 @@ for line in "" help "${cmds[@]}" "cache stats" "cache clear" "job register" "job
   offered=("${COMPREPLY[@]}")
   [[ $(printf '%s\n' "${offered[@]}" | sort | uniq -d) == "" ]] ||
     { echo "FAIL: 'dspk-submit $line -' offered one twice: [${offered[*]}]"; bad=1; }
-  vals=" $(dspk-submit --list-options $line | awk '$3 == "value" {print $1, $2}' | tr '\n' ' ') "
+  read -r -a lw <<<"$line"
+  vals=" $(dspk-submit --list-options "${lw[@]}" | awk '$3 == "value" {print $1, $2}' | tr '\n' ' ') "
   for o in "${offered[@]}"; do
     args=("$o")
     [[ $vals == *" $o "* ]] && args+=(1)
-    # shellcheck disable=SC2086
     if [[ -z $line ]]; then
       err=$(dspk-submit "${args[@]}" ping 2>&1 >/dev/null </dev/null)
     else
-      err=$(timeout 20 dspk-submit --socket /nonexistent/d.sock $line "${args[@]}" 2>&1 >/dev/null </dev/null)
+      err=$(timeout 20 dspk-submit --socket /nonexistent/d.sock "${lw[@]}" "${args[@]}" 2>&1 >/dev/null </dev/null)
     fi
     [[ $err != *"does not apply"* && $err != *"unknown option"* && $err != *ambiguous* &&
        $err != *"takes no value"* && $err != *"needs an argument"* ]] ||
