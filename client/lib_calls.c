@@ -988,7 +988,8 @@ static size_t inline_bytes(const dspk_task *t, const bool *shm) {
 
 /* Whether the daemon would refuse a task on device for the device itself,
  * where the task is too large to be sent and asking with it is no option:
- * DSPK_ENODEV (no such device, or not the Slurm job's) with the daemon's own
+ * DSPK_ENODEV (no such device, or not the Slurm job's), or DSPK_ELIMIT for
+ * a name longer than DSPK__DEVICE_NAME_MAX, with the daemon's own
  * words in c->err, as the task with small operands gets them, rather than
  * advice about its size that would not help; 0 otherwise (c->err kept), or
  * a broken connection's or a timeout's code.  "any" is not asked about.
@@ -1005,13 +1006,70 @@ static int device_refused(dspk_client *c, const char *device) {
   int rc;
   if (strcmp(device, "any") == 0)
     return 0;
+  /* A name longer than the protocol's is refused by the daemon's decoder
+   * whatever the task, in these words (proto/schema.c); said here, as a
+   * name too long for the probe's own message would not be. */
+  if (strlen(device) > DSPK__DEVICE_NAME_MAX)
+    return dspk__cerr(c, DSPK_ELIMIT, "device: longer than %d bytes", DSPK__DEVICE_NAME_MAX);
   memcpy(keep, c->err, sizeof keep);
   rc = call(c, &a, &r);
   if (rc == 0) { /* a daemon that made it after all: given back */
     (void)dspk_buffer_free(c, a.res[DSPK__R_BUF_BUFFER].v.u);
     dspk__resp_free(&r);
   }
-  if (rc == DSPK_ENODEV || c->broken || rc == DSPK_ETIMEDOUT)
+  /* ENODEV, or the device parameter itself refused ("device: ..."): the
+   * task's refusal whatever its size. */
+  if (rc == DSPK_ENODEV || c->broken || rc == DSPK_ETIMEDOUT ||
+      (rc < 0 && strncmp(c->err, "device: ", 8) == 0))
+    return rc;
+  memcpy(c->err, keep, sizeof keep);
+  return 0;
+}
+
+static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may_wait);
+
+/* Whether the daemon would refuse the raw kernel t on its device whatever
+ * its tensors' size (a device that runs no raw kernels, none of t's
+ * language, raw kernels turned off; for "any", every device): asked with a
+ * stand-in of t small enough for any message, one f32 element and a source
+ * that no compiler takes (#error; not SPIR-V), through the socket (no
+ * temporary).  The daemon checks the device before it compiles anything
+ * (daemon/methods.c), so it answers in the words the task would get with
+ * small tensors; a device that takes the kernel answers ECOMPILE (nothing
+ * runs either way).  DSPK_ENOTSUP or DSPK_ENODEV with the daemon's words in
+ * c->err, a broken connection's or a timeout's code, else 0 (c->err kept). */
+static int kernel_refused(dspk_client *c, const dspk_task *t) {
+  static const char src[] = "#error libdspkclient: a check of the device, never run\n";
+  float one = 0.0f;
+  int64_t shape[1] = {1};
+  char keep[sizeof c->err];
+  size_t threshold = c->shm_threshold;
+  dspk_tensor x;
+  dspk_task p;
+  dspk_result res;
+  uint32_t ticket;
+  int rc;
+  dspk_task_init(&p, DSPK_OP_KERNEL);
+  dspk_tensor_inline(&x, DSPK_F32, 1, shape, &one);
+  p.device = t->device;
+  p.ninputs = 1;
+  p.inputs = &x;
+  p.kernel.lang = t->kernel.lang;
+  p.kernel.source = src;
+  p.kernel.source_len = sizeof src - 1;
+  p.kernel.entry = t->kernel.entry;
+  for (int i = 0; i < 3; i++)
+    p.kernel.grid[i] = p.kernel.block[i] = 1;
+  p.kernel.nargs = 1;
+  p.kernel.args[0].kind = DSPK_KARG_TENSOR;
+  p.kernel.args[0].v.tensor = 0;
+  memcpy(keep, c->err, sizeof keep);
+  c->shm_threshold = 0;
+  rc = submit(c, &p, &ticket, false);
+  c->shm_threshold = threshold;
+  if (rc == 0 && (rc = dspk_wait(c, ticket, &res)) == 0)
+    dspk_result_free(&res);
+  if (rc == DSPK_ENOTSUP || rc == DSPK_ENODEV || c->broken || rc == DSPK_ETIMEDOUT)
     return rc;
   memcpy(c->err, keep, sizeof keep);
   return 0;
@@ -1020,13 +1078,14 @@ static int device_refused(dspk_client *c, const char *device) {
 /* A raw kernel returns its inline tensors inline, in one answer: more than
  * an answer may carry (max_message - 1024, protocol.md) is refused before
  * anything is sent, with what the caller can do about it (dspk.h), unless
- * its device would refuse it anyway (device_refused). */
+ * its device would refuse it anyway (device_refused, kernel_refused). */
 static int kernel_fits(dspk_client *c, const dspk_task *t) {
   size_t n = inline_bytes(t, NULL);
   int rc;
   if (t->op != DSPK_OP_KERNEL || n <= dspk__result_inline_max(c))
     return 0;
-  if ((rc = device_refused(c, t->device ? t->device : "any")) != 0)
+  if ((rc = device_refused(c, t->device ? t->device : "any")) != 0 ||
+      (rc = kernel_refused(c, t)) != 0)
     return rc;
   return dspk__cerr(c, DSPK_ELIMIT, "kernel: its inline tensors total %zu bytes and come "
                     "back inline, more than an answer of the daemon carries (its %zu-byte "
@@ -1043,7 +1102,7 @@ static int kernel_fits(dspk_client *c, const dspk_task *t) {
  * device, lib_shm.c); else the threshold that would, where the current
  * one (0: off, or above their largest) does not. */
 static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
-                       char *buf, size_t len) {
+                       uint64_t task_bytes, char *buf, size_t len) {
   /* What "any" is decides whether a temporary is made for it: asked now
    * where no task has asked yet (threshold 0 never does). */
   size_t big = 0;
@@ -1053,7 +1112,18 @@ static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, c
         !dspk__file_range(c, x->data, x->nbytes))
       big = x->nbytes;
   }
-  if (big == 0 || (c->shm_threshold != 0 && c->shm_threshold <= big))
+  /* A temporary that the connection's quota on cpu:0 leaves no room for is
+   * not made, whatever the threshold: said so, not a threshold to set. */
+  if (big != 0 &&
+      (strcmp(device, "cpu:0") == 0 ||
+       (strcmp(device, "any") == 0 && dspk__shm_any_is_cpu(c))) &&
+      dspk__shm_quota_stops(c, "cpu:0", big, task_bytes))
+    snprintf(buf, len, "dspk_shared_alloc; no temporary is made for them "
+             "(dspk_set_shared_threshold), whatever the threshold: one of %zu bytes, in whole "
+             "2 MiB units, with the task's other inline bytes would pass the %llu bytes this "
+             "connection may hold on cpu:0 (max_conn_memory or max_user_memory)",
+             big, (unsigned long long)c->cpu_quota);
+  else if (big == 0 || (c->shm_threshold != 0 && c->shm_threshold <= big))
     snprintf(buf, len, "dspk_shared_alloc");
   else if (strcmp(device, "any") == 0 && !dspk__shm_any_is_cpu(c))
     snprintf(buf, len, "dspk_shared_alloc; a temporary, dspk_set_shared_threshold, is made "
@@ -1071,13 +1141,14 @@ static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, c
  * inline (shm: those a shared buffer carries) through buffers, where that
  * would make room enough. */
 static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
-                        size_t total) {
+                        uint64_t task_bytes, size_t total) {
   size_t inl = inline_bytes(t, shm);
-  char src[64] = "", remedy[192];
+  char src[64] = "", remedy[512];
   int rc;
   /* A device the daemon would refuse the task for is that refusal (ENODEV),
    * as a small task gets it: no size advice helps then. */
-  if ((rc = device_refused(c, device)) != 0)
+  if ((rc = device_refused(c, device)) != 0 ||
+      (t->op == DSPK_OP_KERNEL && (rc = kernel_refused(c, t)) != 0))
     return rc;
   if (t->op == DSPK_OP_KERNEL)
     snprintf(src, sizeof src, " (a raw kernel's source of %zu bytes)", t->kernel.source_len);
@@ -1092,7 +1163,7 @@ static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, 
                       "buffer references (is_ref: dspk_buffer_create and dspk_buffer_write, "
                       "or dspk_shared_alloc)", total, c->send_max, t->kernel.source_len,
                       inl);
-  shm_remedy(c, t, device, shm, remedy, sizeof remedy);
+  shm_remedy(c, t, device, shm, task_bytes, remedy, sizeof remedy);
   return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                     "%zu-byte message limit (max_message); pass big operands through "
                     "daemon buffers (is_ref: dspk_buffer_write splits) or shared memory "
@@ -1223,7 +1294,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   pack_params(&a, &w);
   rc = dspk__send(c, &w, id);
   if (rc == DSPK_ELIMIT && dspk__wbuf_len(&w) > c->send_max)
-    rc = task_too_big(c, t, device, shm, dspk__wbuf_len(&w));
+    rc = task_too_big(c, t, device, shm, task_bytes, dspk__wbuf_len(&w));
   dspk__wbuf_free(&w);
   dspk__shm_sent(c, id, rc == 0);
   if (rc != 0)

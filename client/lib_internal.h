@@ -344,6 +344,13 @@ bool dspk__shm_drop_idle(dspk_client *c);
  * device), where a temporary is made for a task on "any": learned once
  * with a `devices` call (which waits), c->shm_any then. */
 bool dspk__shm_any_is_cpu(dspk_client *c);
+/* Whether a temporary of n bytes for a task on device (task_bytes: its
+ * inline operands and result, these n included) is not made for the
+ * connection's quota on cpu:0 (hello's cpu_memory_quota): with the shared
+ * memory c holds there, the temporary in whole 2 MiB units and the task's
+ * other inline bytes would pass it.  false on any other device. */
+bool dspk__shm_quota_stops(const dspk_client *c, const char *device, size_t n,
+                           uint64_t task_bytes);
 /* The temporaries ticket's task was sent with (in use by it). */
 size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket);
 /* dspk_close: unmaps everything (the daemon frees the buffers). */

@@ -461,6 +461,18 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
     c->shm_threshold = bytes;
 }
 
+bool dspk__shm_quota_stops(const dspk_client *c, const char *device, size_t n,
+                           uint64_t task_bytes) {
+  uint64_t held = 0, q = c->cpu_quota, rest = task_bytes > n ? task_bytes - n : 0;
+  uint64_t want = ((uint64_t)n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
+  if (strcmp(device, "cpu:0") != 0)
+    return false;
+  for (size_t i = 0; i < c->nshm; i++)
+    if (strcmp(c->shm[i].device, "cpu:0") == 0)
+      held += c->shm[i].size;
+  return held > q || want > q - held || rest > q - held - want;
+}
+
 /* A temporary of at least n bytes for a task on `device`, now being filled
  * (state 3): 1 with *out, 0 when the task's device rules it out (or, without
  * may_wait, when no idle one fits: making one, or learning what "any" is,
@@ -519,14 +531,8 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, uint64_t task_
      * daemon counts its inline operands and results too): the bytes cross
      * the socket, as with threshold 0.  A temporary in whole 2 MiB units
      * can pass a small quota that the bytes alone fit. */
-    if (!need && strcmp(device, "cpu:0") == 0) {
-      uint64_t held = 0, q = c->cpu_quota, rest = task_bytes > n ? task_bytes - n : 0;
-      for (size_t i = 0; i < c->nshm; i++)
-        if (strcmp(c->shm[i].device, "cpu:0") == 0)
-          held += c->shm[i].size;
-      if (held > q || want > q - held || rest > q - held - want)
-        return 0;
-    }
+    if (!need && dspk__shm_quota_stops(c, device, n, task_bytes))
+      return 0;
     if ((rc = shm_new(c, device, want, 2, &best)) != 0) {
       /* A temporary is the library's choice, not the caller's: one that
        * cannot be had (the daemon refuses it for max_buffers or a quota,

@@ -43,7 +43,9 @@ static const struct option ping_opts[] = {{"count", required_argument, NULL, 'c'
 static const struct option devices_opts[] = {{"all", no_argument, NULL, 'a'},
                                              DSPK__SUB_OPTS_END};
 const dspk__sub_optset dspk__sub_info_optsets[] = {
-    {"ping", PING_SHORTS, ping_opts}, {"devices", DEVICES_SHORTS, devices_opts},
+    {"ping", PING_SHORTS, ping_opts},
+    {"devices", DEVICES_SHORTS, devices_opts},
+    {"status", ":h", devices_opts + 1},
     {NULL, NULL, NULL}};
 
 int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {

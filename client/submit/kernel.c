@@ -289,7 +289,8 @@ static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang) 
  * would refuse for the real task answers here in the same words, and one it
  * would take answers ECOMPILE, which is no concern of this check: nothing
  * runs either way.  The daemon's ENODEV or ENOTSUP (the library's error
- * holds its text), or 0 for any other answer. */
+ * holds its text), or a refusal of the device parameter itself (a name
+ * longer than the protocol allows), or 0 for any other answer. */
 static int device_probe(dspk__sub_ctx *ctx, const dspk_task *task) {
   static const char src[] = "#error dspk-submit: a check of the device, never run\n";
   float one = 0.0f;
@@ -317,7 +318,12 @@ static int device_probe(dspk__sub_ctx *ctx, const dspk_task *task) {
     dspk_result_free(&res);
     return 0;
   }
-  return rc == DSPK_ENODEV || rc == DSPK_ENOTSUP ? rc : 0;
+  /* A device name the daemon's decoder refuses ("device: longer than 47
+   * bytes") is refused whatever the size too (outside probe 15 D4). */
+  return rc == DSPK_ENODEV || rc == DSPK_ENOTSUP ||
+                 strncmp(dspk_last_error(ctx->client), "device: ", 8) == 0
+             ? rc
+             : 0;
 }
 
 /* A kernel's tensors go to the daemon and come back inline, each way in

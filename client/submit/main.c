@@ -858,6 +858,35 @@ static bool long_token(char **argv, const char **tok) {
   return strncmp(*tok, "--", 2) == 0 && (*tok)[2] != '\0';
 }
 
+/* The short option getopt_long just refused for its byte b, outside ASCII
+ * (the lead byte of a UTF-8 character, or any byte of an invalid one), as
+ * "-" and the character it begins into buf (8 bytes): getopt_long reads a
+ * word byte by byte, so b is one byte of what the user typed.  While the
+ * word goes on after b getopt_long stays on it (argv[optind]: "-é" leaves
+ * the continuation byte); where b ended it, it has moved past
+ * (argv[optind - 1]: "-\xff").  In the word the bytes before b are options
+ * taken (ASCII), so b's first place in it is b. */
+static const char *non_ascii_short(char **argv, unsigned char b, char *buf) {
+  const char *w = NULL, *at;
+  size_t n = 1;
+  if (argv[optind] != NULL && argv[optind][0] == '-' &&
+      (at = strchr(argv[optind] + 1, (char)b)) != NULL)
+    w = at;
+  else if (optind >= 1 && (at = strrchr(argv[optind - 1], (char)b)) != NULL && at[1] == '\0')
+    w = at;
+  if (w == NULL) {
+    snprintf(buf, 8, "-%c", (char)b);
+    return buf;
+  }
+  /* The continuation bytes of the character b leads (at most 3). */
+  while (b >= 0xc0 && n < 4 && ((unsigned char)w[n] & 0xc0) == 0x80)
+    n++;
+  buf[0] = '-';
+  memcpy(buf + 1, w, n);
+  buf[1 + n] = '\0';
+  return buf;
+}
+
 /* The word "-:NAME" that getopt_long just refused at its ':' (in the word
  * at optind, or the one before when the ':' ended it), else NULL: an .npz
  * member asked of standard input, which gives one .npy. */
@@ -898,10 +927,16 @@ static const struct option global_opts[] = {{"socket", required_argument, NULL, 
 #define BEFORE_SUB "before SUBCOMMAND"
 static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts},
                                                   {NULL, NULL, NULL}};
+/* metrics takes --json alone (dspk__sub_json_only; cache stats has its
+ * own row). */
+static const struct option json_only_opts[] = {DSPK__SUB_OPTS_END};
+static const dspk__sub_optset json_only_optsets[] = {{"metrics", ":h", json_only_opts},
+                                                     {NULL, NULL, NULL}};
 static const dspk__sub_optset *const option_sets[] = {
-    global_optsets,          dspk__sub_info_optsets,  dspk__sub_op_optsets,
-    dspk__sub_kernel_optsets, dspk__sub_cache_optsets, dspk__sub_top_optsets,
-    dspk__sub_trace_optsets, dspk__sub_job_optsets,   NULL};
+    global_optsets,           dspk__sub_info_optsets,  json_only_optsets,
+    dspk__sub_op_optsets,     dspk__sub_kernel_optsets, dspk__sub_cache_optsets,
+    dspk__sub_top_optsets,    dspk__sub_trace_optsets, dspk__sub_job_optsets,
+    NULL};
 
 /* Whether opts has the long option name. */
 static bool has_option(const struct option *opts, const char *name) {
@@ -1090,6 +1125,11 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct opt
                            option_owner(ctx, who, sizeof who), optopt, cands);
   if (optopt > 0 && optopt < 128 && optopt != '?')
     return dspk__sub_usage(ctx, "unknown option '-%s'", dspk__sub_arg((char[]){(char)optopt, 0}));
+  if (optopt < 0 || (optopt >= 128 && optopt < 256)) { /* a byte outside ASCII (char signed or not) */
+    char opt[8];
+    return dspk__sub_usage(ctx, "unknown option '%s'",
+                           dspk__sub_arg(non_ascii_short(argv, (unsigned char)optopt, opt)));
+  }
   return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg(tok));
 }
 
@@ -1113,7 +1153,7 @@ int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv,
 }
 
 int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
-  static const struct option opts[] = {DSPK__SUB_OPTS_END};
+  const struct option *opts = json_only_opts;
   int opt;
 
   while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -1252,6 +1292,89 @@ static int flush_stdout(const dspk__sub_ctx *ctx, int rc) {
   return dspk__sub_fail(ctx, DSPK_EIO, "<stdout>: %s", strerror(e ? e : EIO));
 }
 
+/* "--list-options [COMMAND [SUBCOMMAND]]" (args[0] is "--list-options"),
+ * for the bash completion: the options that the command line so far takes
+ * there, from the tables getopt_long parses it with, one a line, "--LONG
+ * -S value" ("-" for no short letter, "flag" for an option without a
+ * value).  Before COMMAND, dspk-submit's own; after help, or a command
+ * that has subcommands before its SUBCOMMAND, --help alone.  An unknown
+ * command line prints nothing and is exit 2. */
+static int list_options(int n, char **args) {
+  static const struct option help_only[] = {{"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
+  static const dspk__sub_optset help_set = {"help", ":h", help_only};
+  const dspk__sub_optset *set = n < 2 ? &global_optsets[0] : NULL;
+  dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0, NULL};
+  char who[128];
+  if (n > 3)
+    return DSPK__SUB_EXIT_USAGE;
+  snprintf(who, sizeof who, "%s%s%s", n > 1 ? args[1] : "", n > 2 ? " " : "",
+           n > 2 ? args[2] : "");
+  if (n >= 2 && strcmp(args[1], "help") == 0) /* before COMMAND or after it */
+    set = &help_set;
+  for (int i = 0; n >= 2 && set == NULL && option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL && set == NULL; s++) {
+      if (strcmp(s->who, who) == 0 && s != &global_optsets[0])
+        set = s;
+      else if (n == 2 && in_scope(s, args[1])) /* before SUBCOMMAND */
+        set = &help_set;
+    }
+  if (set == NULL)
+    return DSPK__SUB_EXIT_USAGE;
+  for (const struct option *o = set->opts; o->name != NULL; o++) {
+    const char *kind = o->has_arg == required_argument ? "value" : "flag";
+    if (o->val > 0 && o->val < 128 && short_option(set, o->val) == o)
+      printf("--%s -%c %s\n", o->name, o->val, kind);
+    else
+      printf("--%s - %s\n", o->name, kind);
+  }
+  return flush_stdout(&ctx, DSPK__SUB_EXIT_OK);
+}
+
+/* "help [COMMAND]": args[0] is "help".  Its words are read in order, as a
+ * command's options are, the first that decides winning: -h/--help (help's
+ * own, which may repeat and be abbreviated or clustered, "-hh") lists the
+ * commands; any other option is one help does not take ("does not apply to
+ * help", or a flag given a value), after COMMAND too; the first other word
+ * ("-" and "--" included) is COMMAND and a second one is an extra word.
+ * Each word is parsed alone (help takes no option with a value), so that
+ * an option after COMMAND is judged as one before it. */
+static int help_command(dspk__sub_ctx *ctx, int n, char **args) {
+  static const struct option help_opts[] = {{"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
+  const char *name = NULL;
+  int opt, rc;
+  for (int i = 1; i < n; i++) {
+    char *word[] = {args[0], args[i], NULL};
+    ctx->cmd = "help";
+    if (args[i][0] != '-' || args[i][1] == '\0' || strcmp(args[i], "--") == 0) {
+      if (name != NULL)
+        return dspk__sub_usage(ctx, "takes one COMMAND at most, got extra argument '%s'",
+                               args[i]);
+      name = args[i];
+      if (strcmp(name, "help") != 0 && find_cmd(name) == NULL) {
+        ctx->cmd = NULL;
+        return dspk__sub_usage(ctx, "unknown command '%s'", name);
+      }
+      continue;
+    }
+    optind = 0; /* word[0] stands for argv[0] */
+    while ((opt = getopt_long(2, word, "+:h", help_opts, NULL)) != -1) {
+      if (opt != 'h')
+        return dspk__sub_bad_option(ctx, word, help_opts);
+      name = "help"; /* help's own help: the commands */
+      goto out;
+    }
+  }
+out:
+  /* help's own help (--help, or "help help") is the program's, as for a
+   * bare "help": help is a command, but not one of the table's. */
+  ctx->cmd = name == NULL || strcmp(name, "help") == 0 ? "" : name;
+  rc = dspk__sub_help(ctx);
+  ctx->cmd = "help";
+  return flush_stdout(ctx, rc);
+}
+
 int main(int argc, char **argv) {
   const struct option *opts = global_opts;
   dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0, NULL};
@@ -1265,6 +1388,8 @@ int main(int argc, char **argv) {
   signal(SIGXFSZ, SIG_IGN);
   heap_setup();
   opterr = 0;
+  if (argc >= 2 && strcmp(argv[1], "--list-options") == 0)
+    return list_options(argc - 1, argv + 1);
   /* '+': stop at the command name; its options are its own. */
   while ((opt = getopt_long(argc, argv, global_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
@@ -1289,38 +1414,8 @@ int main(int argc, char **argv) {
     return dspk__sub_usage(&ctx, "missing COMMAND");
   if (ctx.socket != NULL && ctx.socket[0] == '\0')
     return dspk__sub_usage(&ctx, "empty --socket path");
-  if (strcmp(argv[optind], "help") == 0) {
-    ctx.cmd = optind + 1 < argc ? argv[optind + 1] : "";
-    /* help's own help (--help, or "help help") is the program's, as for a
-     * bare "help": help is a command, but not one of the table's. */
-    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "help") == 0 ||
-        (strlen(ctx.cmd) >= 3 && strncmp(ctx.cmd, "--help", strlen(ctx.cmd)) == 0))
-      ctx.cmd = "";
-    /* The word after help is judged first: in "help -S x" the -S is no
-     * command (it said that x was an extra argument), but an option given
-     * to help, which takes none: another command's, or dspk-submit's before
-     * COMMAND, named as such as for every command (cli.md). */
-    if (ctx.cmd[0] == '-' && ctx.cmd[1] != '\0' && strcmp(ctx.cmd, "--") != 0) {
-      static const struct option none[] = {{NULL, 0, NULL, 0}};
-      ctx.cmd = "help";
-      ci = optind; /* help's words, argv[ci] its name */
-      optind = 0;
-      (void)getopt_long(argc - ci, argv + ci, "+:", none, NULL); /* '?': none is known */
-      return dspk__sub_bad_option(&ctx, argv + ci, none);
-    }
-    if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
-      ctx.cmd = NULL;
-      return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
-    }
-    if (optind + 2 < argc) {
-      ctx.cmd = NULL;
-      return dspk__sub_usage(&ctx, "help takes one COMMAND, got extra argument '%s'",
-                             argv[optind + 2]);
-    }
-    rc = dspk__sub_help(&ctx);
-    ctx.cmd = "help";
-    return flush_stdout(&ctx, rc);
-  }
+  if (strcmp(argv[optind], "help") == 0)
+    return help_command(&ctx, argc - optind, argv + optind);
   cmd = find_cmd(argv[optind]);
   if (cmd == NULL)
     return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind]);

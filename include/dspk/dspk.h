@@ -717,16 +717,25 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * and, where a temporary would be made for them (for "any": the daemon has
  * no hardware device, asked with a `devices` call where not known yet), the
  * shared threshold that would carry the inline operands (at most the
- * largest's size) when the current one (0: off, or above it) does not.
+ * largest's size) when the current one (0: off, or above it) does not;
+ * where the connection's quota on cpu:0 (hello's cpu_memory_quota) leaves
+ * no room for that temporary (see dspk_set_shared_threshold: none is made
+ * then), it says so, with the quota, instead of a threshold.
  * Unless the task's device (not "any") does not exist or is not the Slurm
  * job's: that is DSPK_ENODEV, in the daemon's words, as the task gets it
  * with small operands, since no size would help (asked with a
  * buffer.create that the daemon refuses whatever the device, making
- * nothing); so is a temporary that the daemon refuses with DSPK_ENODEV.  A raw kernel's inline tensors go
+ * nothing); so is a temporary that the daemon refuses with DSPK_ENODEV, and
+ * a device name longer than 47 bytes is DSPK_ELIMIT "device: longer than 47
+ * bytes", as the daemon says it.  A raw kernel's inline tensors go
  * inline both ways (not through shared memory): together at most
  * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
  * anything is sent otherwise), and in one request with the source; larger
- * ones go as buffer references (is_ref). */
+ * ones go as buffer references (is_ref).  Unless its device (for "any":
+ * every device) runs no raw kernels, or none of its language: that is the
+ * daemon's DSPK_ENOTSUP, in its words for small tensors, at any size
+ * (asked with a stand-in of the task, one f32 element and a source that
+ * no compiler takes, which never runs). */
 DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
 
 /*

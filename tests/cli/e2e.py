@@ -2100,7 +2100,11 @@ def suite_shell(cli, tmp, dspkd):
                 (["--device", "cpu:1"], "ENODEV", 'no device "cpu:1" (the devices method '
                                                   'lists them)'),
                 (["--device", "vulkan:0"], "ENODEV", 'no device "vulkan:0" (the devices '
-                                                     'method lists them)')):
+                                                     'method lists them)'),
+                # A name longer than a device's may be: ELIMIT in the
+                # daemon's words at both sizes (probe 15 D4: the large one
+                # advised raising max_message).
+                (["--device", "x" * 48], "ELIMIT", "device: longer than 47 bytes")):
             small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", code)
             large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", code)
             check(small == large == "dspk-submit: kernel: %s: %s\n" % (code, want),
@@ -2451,6 +2455,7 @@ def suite_help(cli, tmp):
     dir_and_tty_files(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
+    command_line_round15(cli)
     other_commands_options(cli)
     contract_subscripts(cli, tmp)
 
@@ -2571,6 +2576,48 @@ def other_commands_options(cli):
         cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False, detail=want)
     # A command's own option, abbreviated, is still its own.
     cli.fails(nosock + ["top", "--once", "--int", "1"], "top", "ECONNECT", sock=False)
+
+
+def command_line_round15(cli):
+    """Outside probe 15 D1 and D3: a short option outside ASCII is named as
+    typed (it named the command, or the program, as the unknown option);
+    help's own -h/--help may repeat, cluster and be refused a value as every
+    command's; an option after help COMMAND is judged as one before it; the
+    owners of --json include status and metrics."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    for args, who, want in ((["ping", "-\u00e9"], "ping", "'-\u00e9'"),
+                            (["ping", "-\u00e9x"], "ping", "'-\u00e9'"),
+                            (["ping", "-\u20ac"], "ping", "'-\u20ac'"),
+                            (["ping", "-\U0001f600"], "ping", "'-\U0001f600'"),
+                            (["ping", "--json", "-\u00e9"], "ping", "'-\u00e9'"),
+                            (["help", "-\u00e9"], "help", "'-\u00e9'"),
+                            (["-\u00fc", "ping"], None, "'-\u00fc'")):
+        err = cli.fails(([] if who is None else nosock) + args, who, "EINVAL", rc_want=2,
+                        sock=False, detail="unknown option " + want)
+        check("'ping'" not in err and "'help'" not in err and "'dspk-submit'" not in err,
+              "%s: %r" % (args, err))
+    # U+200B prints as nothing: escaped, whatever else the line escapes.
+    err = cli.fails(nosock + ["ping", "-\u200b"], "ping", "EINVAL", rc_want=2, sock=False,
+                    detail="unknown option '-\\u200b'")
+    # A lone byte outside UTF-8 is the byte, as before.
+    rc, _, err = cli.run(*nosock, "ping", os.fsdecode(b"-\xff"), sock=False)
+    check(rc == 2 and "unknown option '-\\xff'" in err, "ping -\\xff: %d %r" % (rc, err))
+    top = cli.ok("--help", sock=False)
+    for argv in (["help", "-hh"], ["help", "-hx"], ["help", "-h", "-h"],
+                 ["help", "--help", "--help"], ["help", "--help", "ping"],
+                 ["help", "--he", "-h"]):
+        check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
+    cli.fails(["help", "--help=x"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="option '--help' takes no value (give it alone: '--help')")
+    for args, want in ((["help", "ping", "-S", "x"], "option '-S' does not apply to help "
+                        "(-S: --socket, an option of dspk-submit before COMMAND)"),
+                       (["help", "ping", "--inverse"], "option '--inverse' does not apply "
+                        "to help (--inverse: an option of fft)"),
+                       (["help", "--json"], "option '--json' does not apply to help "
+                        "(--json: an option of ping, devices, status, metrics, gemm"),
+                       (["help", "ping", "fft"], "takes one COMMAND at most, got extra "
+                        "argument 'fft'")):
+        cli.fails(args, "help", "EINVAL", rc_want=2, sock=False, detail=want)
 
 
 def command_line_round6(cli, tmp):
@@ -2780,8 +2827,8 @@ def command_line_messages(cli, tmp):
     top = cli.ok("--help", sock=False)
     for argv in (["help", "--help"], ["help", "-h"], ["help", "--he"]):
         check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
-    cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
-              detail="help takes one COMMAND, got extra argument 'fft'")
+    cli.fails(["help", "gemm", "fft"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="takes one COMMAND at most, got extra argument 'fft'")
     # The word after help is judged first: -S is an option given to help
     # (it said that x was an extra argument, round 13, then that -S was an
     # unknown command, probe 14 D4: command_line_round6 has the others).

@@ -783,6 +783,61 @@ static void test_threshold_remedy(void **state) {
   stop_mm(pid, sock);
 }
 
+/* The remedy names no threshold where the connection's quota leaves no
+ * room for the temporary it would make (2 MiB of max_conn_memory, a 2 MiB
+ * temporary and the task's other 2004 inline bytes): it advised one of 1
+ * to 2000 bytes, and with it the task still failed (outside probe 15 D6).
+ * With room for both, the threshold it names works. */
+static void test_threshold_remedy_quota(void **state) {
+  static float a[500], b[500];
+  const int64_t sa[2] = {1, 500}, sb[2] = {500, 1};
+  const size_t thr[] = {0, 1, 2000};
+  char sock[192];
+  dspk_client *c = NULL;
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  for (int i = 0; i < 500; i++)
+    a[i] = (float)i, b[i] = 1.0f;
+  for (int room = 0; room < 2; room++) {
+    pid_t pid = spawn_mm("remq", "4096", "--max-conn-memory", room ? "2099252" : "2097152",
+                         sock, sizeof sock);
+    assert_true(pid > 0);
+    assert_int_equal(dspk_connect(sock, "remedy_quota", &c), 0);
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.device = "cpu:0";
+    dspk_tensor_inline(&in[0], DSPK_F32, 2, sa, a);
+    dspk_tensor_inline(&in[1], DSPK_F32, 2, sb, b);
+    t.inputs = in;
+    t.ninputs = 2;
+    for (size_t k = 0; k < sizeof thr / sizeof thr[0]; k++) {
+      dspk_set_shared_threshold(c, thr[k]);
+      int rc = dspk_run(c, &t, &r);
+      if (room && thr[k] != 0) {
+        assert_int_equal(rc, 0);
+        assert_true(((const float *)r.out[0].data)[0] == 124750.0f);
+        dspk_result_free(&r);
+        continue;
+      }
+      assert_int_equal(rc, DSPK_ELIMIT);
+      const char *e = dspk_last_error(c);
+      if (room) {
+        assert_non_null(strstr(e, "a dspk_set_shared_threshold of 1 to 2000 bytes"));
+        continue;
+      }
+      if (!strstr(e, "no temporary is made for them (dspk_set_shared_threshold), whatever "
+                     "the threshold: one of 2000 bytes, in whole 2 MiB units, with the "
+                     "task's other inline bytes would pass the 2097152 bytes this "
+                     "connection may hold on cpu:0"))
+        fail_msg("threshold %zu: %s", thr[k], e);
+      assert_null(strstr(e, "1 to 2000"));
+    }
+    dspk_close(c);
+    stop_mm(pid, sock);
+  }
+}
+
 /* A $DSPK_JOB that is set but no job id is DSPK_EINVAL at dspk_connect,
  * naming the variable and its value, before any connection; it was
  * dropped in silence (no job sent, $SLURM_JOB_ID not taken either, and
@@ -840,6 +895,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_half_max_message_temporaries),
       cmocka_unit_test(test_result_temporary_refused),
       cmocka_unit_test(test_threshold_remedy),
+      cmocka_unit_test(test_threshold_remedy_quota),
       cmocka_unit_test(test_bad_job_env),
   };
   return cmocka_run_group_tests(tests, start_daemons, stop_daemons);

@@ -1350,6 +1350,158 @@ static void test_temp_refused(void **state) {
   free(x);
 }
 
+/* dspk.h: dspk_last_error() is never "" after a failed call.  Each failure
+ * that went through the library's own temporaries: a dspk_buffer_create
+ * and a dspk_shared_alloc refused while idle temporaries were held (freed,
+ * and the call tried once more), a dspk_run whose temporaries the full
+ * quota refuses (the task then goes inline and is refused too): each says
+ * which limit, read right after the call (outside probe 15 D8 read it after
+ * a dspk_status_get, a later call that succeeded, and saw "").  The
+ * messages are the daemon's for the same calls without temporaries. */
+static void test_retry_message(void **state) {
+  char sock[160];
+  const char *const quota[] = {"--max-conn-memory", "64M", NULL};
+  const size_t big = ((size_t)64 << 20) + 1;
+  float *x = calloc((size_t)1 << 20, sizeof(float));
+  dspk_client *c2;
+  uint64_t id = 0, full = 0;
+  void *p = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_non_null(x);
+  own_daemon("retrymsg", quota, sock, sizeof sock, &c2);
+  dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
+  scale_on(c2, (size_t)1 << 20); /* 4 MiB: its temporaries stay idle */
+  assert_true(count_state_of(c2, 2) >= 1);
+  assert_int_equal(dspk_buffer_create(c2, "cpu:0", big, &id), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c2), "max_conn_memory"));
+  assert_int_equal(count_state_of(c2, 2), 0); /* freed for the second try */
+  scale_on(c2, (size_t)1 << 20);
+  assert_true(count_state_of(c2, 2) >= 1);
+  assert_int_equal(dspk_shared_alloc(c2, "cpu:0", big, &p, &id), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c2), "max_conn_memory"));
+  assert_int_equal(count_state_of(c2, 2), 0);
+  /* the quota full: the task's temporaries refused, then the task inline */
+  scale_on(c2, (size_t)1 << 20);
+  assert_int_equal(dspk_buffer_create(c2, "cpu:0", big - 1, &full), 0);
+  abs_task_of(&t, &in, x, (size_t)1 << 20, NULL);
+  assert_int_equal(dspk_run(c2, &t, &r), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c2), "max_conn_memory"));
+  assert_int_equal(dspk_buffer_free(c2, full), 0);
+  own_daemon_stop(c2, sock);
+  free(x);
+}
+
+/* A kernel task's error for tensors too large for an answer (ELIMIT, or
+ * the task too large for max_message), or the refusal the task gets
+ * whatever the size: the same small and large. */
+static int kernel_err(dspk_client *c, const char *device, const char *lang, int64_t n,
+                      char *err, size_t len) {
+  static float x[4096];
+  static const char src[] = "#version 450\nlayout(local_size_x = 1) in;\n"
+                            "layout(binding = 0) buffer A { float a[]; };\n"
+                            "void main() { a[gl_GlobalInvocationID.x] *= 2.0; }\n";
+  dspk_tensor t;
+  dspk_task k;
+  dspk_result r;
+  int rc;
+  dspk_task_init(&k, DSPK_OP_KERNEL);
+  dspk_tensor_inline(&t, DSPK_F32, 1, &n, x);
+  k.device = device;
+  k.kernel.lang = lang;
+  k.kernel.source = src;
+  k.kernel.source_len = sizeof src - 1;
+  k.kernel.entry = "main";
+  for (int i = 0; i < 3; i++)
+    k.kernel.grid[i] = k.kernel.block[i] = 1;
+  k.inputs = &t;
+  k.ninputs = 1;
+  k.kernel.nargs = 1;
+  k.kernel.args[0].kind = DSPK_KARG_TENSOR;
+  k.kernel.args[0].v.tensor = 0;
+  rc = dspk_run(c, &k, &r);
+  if (rc == 0)
+    dspk_result_free(&r);
+  snprintf(err, len, "%s", dspk_last_error(c));
+  return rc;
+}
+
+/* A refusal that does not depend on the size is the task's whatever the
+ * size, never size advice (outside probe 15 D4, D5): a device name longer
+ * than 47 bytes (a gemm whose operands do not fit a 4096-byte max_message
+ * advised shared memory and thresholds, one of 5000 bytes "too small a
+ * limit"); a raw kernel on a device that runs none, or none of its
+ * language (it advised buffer references for tensors larger than an
+ * answer).  Where the device takes the kernel the advice stays. */
+static void test_size_free_refusals(void **state) {
+  static float a[500], b[500];
+  char sock[160], small[512], large[512], *name = malloc(5001);
+  const int64_t sa[2] = {1, 500}, sb[2] = {500, 1};
+  const size_t thr[] = {0, 1, DSPK_SHARED_THRESHOLD};
+  dspk_device_list *l = NULL;
+  dspk_client *c2;
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  bool vk = false;
+  (void)state;
+  assert_non_null(name);
+  snprintf(sock, sizeof sock, "%s/sizefree.sock", tmpdir);
+  quota_pid = spawn_daemon(sock, "cpu,vulkan", "--max-message", "4096");
+  assert_true(quota_pid > 0);
+  assert_int_equal(dspk_connect(sock, "test_size_free_refusals", &c2), 0);
+  for (size_t len = 48; len <= 5000; len += 5000 - 48) {
+    memset(name, 'x', len);
+    name[len] = '\0';
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.device = name;
+    dspk_tensor_inline(&in[0], DSPK_F32, 2, sa, a);
+    dspk_tensor_inline(&in[1], DSPK_F32, 2, sb, b);
+    t.inputs = in;
+    t.ninputs = 2;
+    for (size_t k = 0; k < sizeof thr / sizeof thr[0]; k++) {
+      dspk_set_shared_threshold(c2, thr[k]);
+      assert_int_equal(dspk_run(c2, &t, &r), DSPK_ELIMIT);
+      assert_string_equal(dspk_last_error(c2), "device: longer than 47 bytes");
+    }
+    assert_int_equal(kernel_err(c2, name, "glsl", 16, small, sizeof small), DSPK_ELIMIT);
+    assert_int_equal(kernel_err(c2, name, "glsl", 1000, large, sizeof large), DSPK_ELIMIT);
+    assert_string_equal(small, "device: longer than 47 bytes");
+    assert_string_equal(large, small);
+  }
+  dspk_set_shared_threshold(c2, 0);
+  /* cpu:0 runs no raw kernels: ENOTSUP in the daemon's words, both sizes */
+  assert_int_equal(kernel_err(c2, "cpu:0", "glsl", 16, small, sizeof small), DSPK_ENOTSUP);
+  assert_int_equal(kernel_err(c2, "cpu:0", "glsl", 1000, large, sizeof large), DSPK_ENOTSUP);
+  assert_string_equal(small, "kernel: cpu:0 runs no raw kernels");
+  assert_string_equal(large, small);
+  assert_int_equal(dspk_devices(c2, false, &l), 0);
+  for (size_t i = 0; i < l->ndevices; i++)
+    vk = vk || strcmp(l->devices[i].id, "vulkan:0") == 0;
+  dspk_device_list_free(l);
+  if (!vk) {
+    dspk_close(c2);
+    free(name);
+    print_message("no vulkan:0 here (lavapipe): the kernel cases of a device that takes "
+                  "raw kernels are not checked\n");
+    skip();
+  }
+  /* vulkan:0 takes glsl, not cuda: the refusal for cuda at both sizes;
+   * glsl too large for an answer keeps its advice. */
+  assert_int_equal(kernel_err(c2, "vulkan:0", "cuda", 16, small, sizeof small), DSPK_ENOTSUP);
+  assert_int_equal(kernel_err(c2, "vulkan:0", "cuda", 1000, large, sizeof large), DSPK_ENOTSUP);
+  assert_string_equal(large, small);
+  assert_int_equal(kernel_err(c2, "vulkan:0", "glsl", 1000, large, sizeof large), DSPK_ELIMIT);
+  assert_non_null(strstr(large, "kernel: its inline tensors total 4000 bytes"));
+  assert_non_null(strstr(large, "pass big tensors as buffer references"));
+  assert_int_equal(kernel_err(c2, NULL, "glsl", 1000, large, sizeof large), DSPK_ELIMIT);
+  assert_non_null(strstr(large, "pass big tensors as buffer references"));
+  dspk_close(c2);
+  free(name);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -1378,6 +1530,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_shared_rw_overlap),
       cmocka_unit_test_teardown(test_timeout_keeps_order, stop_own_daemon),
       cmocka_unit_test_teardown(test_temp_refused, stop_own_daemon),
+      cmocka_unit_test_teardown(test_retry_message, stop_own_daemon),
+      cmocka_unit_test_teardown(test_size_free_refusals, stop_quota_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }

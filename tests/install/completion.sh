@@ -134,6 +134,45 @@ for line in "dspk-submit metrics " "dspk-submit top -n " "dspk-submit top " \
   complete_is "$line"
   none "'$line'"
 done
+# Every option offered is one the command line then takes (from the
+# parser's tables, dspk-submit --list-options): for every command and
+# subcommand, each candidate of "-" is given to dspk-submit, which must not
+# refuse it as an option (help --, cache --, cache stats --, job end --,
+# metrics -- and devices -- offered options of other commands, or words of
+# the help's prose; probe 15 D7), and none is offered twice.
+mapfile -t cmds < <(dspk-submit --help | awk '/^Commands:/ {on = 1; next} on && /^  [a-z]/ {print $1}')
+for line in "" help "${cmds[@]}" "cache stats" "cache clear" "job register" "job end"; do
+  complete_is "dspk-submit $line -"
+  ((${#COMPREPLY[@]} > 0)) || { echo "FAIL: 'dspk-submit $line -' offered nothing"; bad=1; }
+  offered=("${COMPREPLY[@]}")
+  [[ $(printf '%s\n' "${offered[@]}" | sort | uniq -d) == "" ]] ||
+    { echo "FAIL: 'dspk-submit $line -' offered one twice: [${offered[*]}]"; bad=1; }
+  read -r -a lw <<<"$line"
+  vals=" $(dspk-submit --list-options "${lw[@]}" | awk '$3 == "value" {print $1, $2}' | tr '\n' ' ') "
+  for o in "${offered[@]}"; do
+    args=("$o")
+    [[ $vals == *" $o "* ]] && args+=(1)
+    if [[ -z $line ]]; then
+      err=$(dspk-submit "${args[@]}" ping 2>&1 >/dev/null </dev/null)
+    else
+      err=$(timeout 20 dspk-submit --socket /nonexistent/d.sock "${lw[@]}" "${args[@]}" 2>&1 >/dev/null </dev/null)
+    fi
+    [[ $err != *"does not apply"* && $err != *"unknown option"* && $err != *ambiguous* &&
+       $err != *"takes no value"* && $err != *"needs an argument"* ]] ||
+      { echo "FAIL: 'dspk-submit $line -' offered $o, refused: $err"; bad=1; }
+  done
+done
+for line in "dspk-submit help --" "dspk-submit help ping --" "dspk-submit cache --"; do
+  complete_is "$line" --help
+  [[ ${COMPREPLY[*]} == --help ]] || { echo "FAIL: '$line' offered [${COMPREPLY[*]}]"; bad=1; }
+done
+for line in "dspk-submit metrics --m" "dspk-submit devices --d" "dspk-submit job end --u" \
+            "dspk-submit cache stats --b"; do
+  complete_is "$line"
+  none "'$line'"
+done
+complete_is "dspk-submit cache clear --" --kernels --blobs --autotune --json --help
+complete_is "dspk-submit job register --" --uid --devices --job
 # trace writes JSON: -o offers any file.
 complete_is "dspk-submit trace -o n" notes.txt
 # A daemon that accepts the connection and never answers (a stopped
@@ -184,7 +223,7 @@ wait "$silent" 2>/dev/null
 # dspk-submit lists a device only when asked on the expected path (and
 # gives the real one's help, where the options are read).
 printf '%s\n' '#!/bin/bash' \
-  '[[ $2 == --help ]] && exec dspk-submit "$@"' \
+  '[[ $2 == --help || $1 == --list-options ]] && exec dspk-submit "$@"' \
   '[[ $1 == --socket && $2 == "$WANT_SOCK" && $3 == devices ]] && echo "ok:1 cpu x"' \
   >"$tmp/fake-submit"
 chmod +x "$tmp/fake-submit"
