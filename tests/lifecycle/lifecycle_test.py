@@ -1490,7 +1490,6 @@ def t_config(exe, tmp):
     # the [policy] lists (--cache "" is the command line's --no-cache).
     start_fail("[daemon]\ncache =\n",
                "%(f)s:2: cache: expected a path (no_cache = yes runs without a cache)")
-    start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
     start_fail("[daemon]\ndevice_inflight = 0\n", "%(f)s:2: device_inflight")
     start_fail("[daemon]\ndevice_inflight = 65\n", "%(f)s:2: device_inflight")
@@ -1834,6 +1833,37 @@ def t_policy(exe, tmp):
     # this daemon has none), not only call the admin methods.
     got = as_user(d.sock, nobody, "ping", "daemon.reload", "cache.clear")
     check(got == ["ok", "ok", "ENOENT"], "allowed and admin after the reload: %r" % got)
+    # A name that does not resolve (a user deleted, LDAP not up at boot)
+    # admits no one and is a warning, not a refused reload or start (outside
+    # probe 15 E5: one stale name stopped every reload and the start); a
+    # list of such names alone still admits no one else, never everyone.
+    n = len(d.logtext())
+    write(conf, "[policy]\nallow_users = no-such-user-here,nobody\n"
+          "admin_groups = %d,no-such-group-here\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "a stale name: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (a stale name)")
+    log = d.logtext()[n:]
+    check('warn: %s:2: allow_users: no such user "no-such-user-here": such a name admits no '
+          "one until a reload finds it (the other entries apply)" % conf in log and
+          'warn: %s:3: admin_groups: no such group "no-such-group-here"' % conf in log,
+          "the stale names are warned of:\n" + log)
+    got = as_user(d.sock, nobody, "ping", "daemon.reload")
+    check(got == ["ok", "ok"], "the other entries apply: %r" % got)
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 after nobody's reload")
+    write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")
+    got = as_user(d.sock, nobody, "ping")
+    check(got == ["notify:protocol.error:EPERM"], "a stale name alone admits no one: %r" % got)
+    # The start too (it exited 2).
+    st = Daemon(exe, tmp, ["--config", conf, "--no-cache"], sock=os.path.join(tmp, "st.sock"))
+    check('allow_users: no such user "no-such-user-here"' in st.logtext(),
+          "warned at start:\n" + st.logtext())
+    st.proc.send_signal(signal.SIGTERM)
+    check(st.wait() == 0, "exit 0")
+    write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "back")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (back)")
     check(root.call("daemon.reload") == {"reloaded": True}, "root is still an admin")
     check(root.call("ping", {"data": b"k"})["data"] == b"k", "root kept its connection")
     got = as_user(d.sock, nobody, "daemon.stop")
