@@ -536,6 +536,64 @@ def t_cachefiles(exe, tmp):
                        stderr=subprocess.PIPE, stdout=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"is the socket" in p.stderr and not os.path.exists(sock) and
           not os.path.exists(os.path.join(tmp, "c.jobs")), "--end-job: %r" % p.stderr)
+    # Another running daemon's files (outside probe 15 E1): its state file
+    # (it was taken for a corrupt cache, moved aside and replaced by a
+    # database), its flocked PATH.lock (SQLite wrote a database into it)
+    # and its cache's -wal (moved aside: the daemon's cache lost its
+    # entries).  Refused at start and by --end-job, nothing changed.
+    a_jobs, a_db = os.path.join(tmp, "a.jobs"), os.path.join(tmp, "a.db")
+    write(conf, text)
+    a = Daemon(exe, tmp, ["--job-state", a_jobs, "--cache", a_db])
+    ac = a.client()
+    # Its state file before the first job.register, which makes it.
+    refused(a_jobs, "is the state file of another running dspkd")
+    ac.call("job.register", {"job": 7, "uid": 1000})
+    state = open(a_jobs, "rb").read()
+    check(state.startswith(b"dspkd-jobs ") and os.path.exists(a_db + "-wal"),
+          "a's files: %r %r" % (state, os.listdir(tmp)))
+    refused(a_jobs, "is a dspkd state file")
+    refused(a_jobs + ".lock", "another process holds an flock(2) on")
+    refused(a_db + "-wal", "is a file SQLite keeps beside the database %s" % a_db)
+    p = subprocess.run([exe, "--config", "", "--job-state", os.path.join(tmp, "e.jobs"),
+                        "--cache", a_jobs, "--end-job", "5"],
+                       stderr=subprocess.PIPE, stdout=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is a dspkd state file" in p.stderr and
+          not os.path.exists(os.path.join(tmp, "e.jobs")), "--end-job: %r" % p.stderr)
+    check(open(a_jobs, "rb").read() == state and os.path.getsize(a_jobs + ".lock") == 0,
+          "a's state and lock files unchanged")
+    ac.call("job.register", {"job": 8, "uid": 1000})
+    # A reload (outside probe 15 E2): a cache that the next start refuses
+    # is refused, the running configuration kept, as a job_state is.
+    rconf = os.path.join(tmp, "r.conf")
+    write(rconf, "[daemon]\ncache = %s\n" % os.path.join(tmp, "r.db"))
+    r = Daemon(exe, tmp, ["--config", rconf, "--job-state", os.path.join(tmp, "r.jobs")])
+    rc = r.client()
+    for cache, want in ((rconf, "is the configuration file (%s)" % rconf),
+                        (r.sock, "is the socket (%s)" % r.sock),
+                        (a_jobs, "is a dspkd state file"),
+                        (a_jobs + ".lock", "holds an flock(2) on")):
+        write(rconf, "[daemon]\ncache = %s\n" % cache)
+        try:
+            rc.call("daemon.reload")
+            raise AssertionError("reload took cache = %s:\n%s" % (cache, r.logtext()))
+        except RpcError as e:
+            check(e.name == "EINVAL" and want in e.err.get("message", ""),
+                  "cache = %s: %r" % (cache, e.err))
+        log = r.logtext()
+        check("error: reload: %s: cache %s" % (rconf, cache) in log and want in log and
+              "keeping the running configuration" in log, "logged: %s" % log)
+    check(open(a_jobs, "rb").read().startswith(b"dspkd-jobs ") and
+          os.path.getsize(a_jobs + ".lock") == 0, "nothing changed by the refused reloads")
+    write(rconf, "[daemon]\ncache = %s\n" % os.path.join(tmp, "r2.db"))
+    check(rc.call("daemon.reload")["reloaded"], "another cache: reloaded")
+    check("%s: cache changed; it takes effect at the next start" % rconf in r.logtext(),
+          "said as a change: " + r.logtext())
+    rc.close()
+    r.proc.send_signal(signal.SIGTERM)
+    check(r.wait() == 0, "r exits 0:\n" + r.logtext())
+    ac.close()
+    a.proc.send_signal(signal.SIGTERM)
+    check(a.wait() == 0, "a exits 0:\n" + a.logtext())
 
 
 def t_sockreplaced(exe, tmp):
