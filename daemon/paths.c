@@ -271,9 +271,9 @@ static int check_paths(const char *js, const char *sock, const char *conf,
  * SQLite's, or NULL: a dspkd state file (it begins "dspkd-jobs "), a file
  * another process holds an flock(2) on (a lock file: another daemon's
  * PATH.lock; SQLite locks with fcntl(2), never flock, so a cache that
- * another process shares is not one), a path whose PATH.lock another
- * process holds an flock on (a running daemon's state file, which it has
- * not written yet), and, unless side (path is one of the files SQLite
+ * another process shares is not one), a path whose PATH.lock, empty,
+ * another process holds an flock on (a running daemon's state file, which
+ * it has not written yet), and, unless side (path is one of the files SQLite
  * keeps beside the cache, not the cache), one whose name ends in -wal,
  * -shm or -journal beside a database (another cache's file of SQLite's).
  * The database's path goes into what for the last.  Nothing is changed:
@@ -304,10 +304,10 @@ static const char *cache_foreign(const char *path, bool side, char *what, size_t
       return is;
   }
   /* A state file not written yet (no job registered) has its lock file
-   * already, held by its daemon. */
+   * already, held by its daemon (empty: dspkd never writes it). */
   char lock[PATH_MAX + 8];
   if ((size_t)snprintf(lock, sizeof lock, "%s.lock", path) < sizeof lock &&
-      stat(lock, &st) == 0 && S_ISREG(st.st_mode) &&
+      stat(lock, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
       (fd = open(lock, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) >= 0) {
     if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
       is = "the state file of another running dspkd (another process holds an flock(2) on "
