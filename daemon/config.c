@@ -409,7 +409,7 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
       continue;
     }
     uint32_t id;
-    int r = lookup_id(word, groups, &id);
+    int r = lookup_id(word, groups, &id), e = errno;
     if (r == 0) {
       l.id[l.n++] = id;
       continue;
@@ -421,7 +421,7 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
                    groups ? "group" : "user", vis(word));
     else
       k = snprintf(ids_warn + w, sizeof ids_warn - w, "%scannot look up %s \"%s\": %s",
-                   w ? "; " : "", groups ? "group" : "user", vis(word), strerror(errno));
+                   w ? "; " : "", groups ? "group" : "user", vis(word), strerror(e));
     if (k > 0)
       w = w + (size_t)k < sizeof ids_warn ? w + (size_t)k : sizeof ids_warn - 1;
   }
