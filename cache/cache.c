@@ -9,7 +9,8 @@
  *
  * One connection behind one mutex serves every thread of the process; each
  * API call is one short transaction (BEGIN IMMEDIATE for writes, so that a
- * writer waits on the busy timeout instead of failing on a lock upgrade).
+ * writer waits for the lock instead of failing on a lock upgrade; once
+ * open, briefly: busy_wait gives a write up rather than hold a runner).
  * Recency is a logical clock (meta.tick, bumped by every put and every hit,
  * hits served from callers' memos of decisions, kernels and blobs included:
  * those are batched, see flush_used) rather than wall time, so the eviction
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -55,7 +57,9 @@ struct dspk__cache {
   sqlite3 *db;
   char *path; /* the file asked for (NULL: no default location) */
   _Atomic int in_memory;
-  int busy_ms;
+  int busy_ms;  /* the wait for another process's lock at open */
+  int write_ms; /* and once open (busy_wait), under mu */
+  uint64_t wait_from_ms, backoff_until_ms; /* busy_wait's state, under mu */
   uint64_t max_bytes;
   /* The file that path named when it was opened (remember_file). */
   dev_t dev;
@@ -271,6 +275,52 @@ static char *default_path(void) {
   return out;
 }
 
+/* After one write gave up waiting for another process's lock, the writes
+ * of the next BACKOFF_MS try the lock once, without waiting. */
+#define BACKOFF_MS 1000
+#define DEFAULT_WRITE_MS 100
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* SQLite's busy handler of an open cache's connection (called with the
+ * cache's mutex held, by the thread whose statement found another
+ * process's lock; n: the calls before this one for that statement): waits
+ * in steps of at most 5 ms, up to write_ms in all, and then gives up (the
+ * statement fails with SQLITE_BUSY: a put is not kept, a hit's recency is
+ * lost), and for BACKOFF_MS after that gives up at once.  So a lock that
+ * another process holds for long (a long transaction, an sqlite3 session)
+ * costs a runner at most write_ms per second, never the open's busy
+ * timeout per put, and the cache's mutex, which every runner's lookups
+ * take, is never held that long. */
+static int busy_wait(void *ud, int n) {
+  struct dspk__cache *c = ud;
+  uint64_t now = mono_ms();
+  if (n == 0) {
+    if (now < c->backoff_until_ms)
+      return 0;
+    c->wait_from_ms = now;
+  }
+  if (now - c->wait_from_ms >= (uint64_t)c->write_ms) {
+    c->backoff_until_ms = now + BACKOFF_MS;
+    return 0;
+  }
+  uint64_t left = (uint64_t)c->write_ms - (now - c->wait_from_ms);
+  struct timespec ts = {0, (long)(left < 5 ? left : 5) * 1000000L};
+  nanosleep(&ts, NULL);
+  return 1;
+}
+
+/* Gives db, a connection c has just opened, its busy handler for the
+ * writes from now on (try_open set the open's timeout). */
+static void set_write_wait(struct dspk__cache *c, sqlite3 *db) {
+  c->backoff_until_ms = 0;
+  sqlite3_busy_handler(db, busy_wait, c);
+}
+
 /* ---- opening ------------------------------------------------------------- */
 
 /* What a file at the cache's path holds.  classify() decides it by reading
@@ -291,7 +341,9 @@ struct file_info {
 };
 
 enum open_result { OPEN_OK, OPEN_CORRUPT, OPEN_DAMAGED, OPEN_FOREIGN,
-                   OPEN_NEWER, OPEN_UNWRITABLE, OPEN_BUSY, OPEN_FAIL };
+                   OPEN_NEWER, OPEN_UNWRITABLE, OPEN_BUSY, OPEN_FAIL,
+                   OPEN_OTHERS /* another's file that is no database: left alone
+                                  (why says what it is) */ };
 
 /* The database's own tables, not SQLite's internal ones. */
 #define USER_TABLES                                                            \
@@ -528,10 +580,16 @@ static char *immutable_uri(const char *path) {
 
 /* 1 when the file at path starts with SQLite's 16-byte header string, 0
  * when it does not (or is shorter), and 1 when it cannot be read (the open
- * that follows reports why). */
-static int has_sqlite_header(const char *path) {
+ * that follows reports why).  When it does not, and its first bytes are
+ * those of one of the files SQLite keeps beside a database (a write-ahead
+ * log, a rollback journal, a WAL index), *side names that file ("" else):
+ * another database's, never a corrupt cache. */
+static int has_sqlite_header(const char *path, const char **side) {
   static const char magic[16] = "SQLite format 3";
-  char head[sizeof magic];
+  static const unsigned char journal[8] = {0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7};
+  unsigned char head[52];
+  uint32_t v0, v48;
+  *side = "";
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0)
     return 1;
@@ -539,7 +597,38 @@ static int has_sqlite_header(const char *path) {
   close(fd);
   if (n < 0)
     return 1;
-  return n == (ssize_t)sizeof head && memcmp(head, magic, sizeof magic) == 0;
+  if (n >= (ssize_t)sizeof magic && memcmp(head, magic, sizeof magic) == 0)
+    return 1;
+  /* The WAL's magic is big-endian 0x377f0682 or 0x377f0683; a WAL index
+   * (-shm) begins with its version, 3007000, in the host's byte order,
+   * twice (offsets 0 and 48). */
+  if (n >= 32 && head[0] == 0x37 && head[1] == 0x7f && head[2] == 0x06 &&
+      (head[3] & 0xfe) == 0x82)
+    *side = "an SQLite write-ahead log (another database's -wal)";
+  else if (n >= 28 && memcmp(head, journal, sizeof journal) == 0)
+    *side = "an SQLite rollback journal (another database's -journal)";
+  else if (n >= 52 && (memcpy(&v0, head, 4), memcpy(&v48, head + 48, 4), v0 == 3007000) &&
+           v48 == 3007000)
+    *side = "an SQLite WAL index (another database's -shm)";
+  return 0;
+}
+
+/* Whether another process holds a lock on the regular file at path: an
+ * flock(2) (tried shared, without waiting, and let go at once), or, with
+ * posix, an fcntl(2) lock (asked with F_GETLK, which takes none): such a
+ * file is in use, and is never moved aside.  SQLite locks with fcntl(2)
+ * only: an flock is another program's (a lock file). */
+static bool locked_by_other(const char *path, bool posix) {
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+  bool held;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0)
+    return false;
+  held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  if (!held && posix)
+    held = fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+  close(fd); /* lets a shared flock taken here go */
+  return held;
 }
 
 /* Looks at the file at path without changing it or creating anything
@@ -572,12 +661,23 @@ static enum open_result inspect(const char *path, char *why, size_t whylen) {
                                     : "not a file");
     return OPEN_FAIL;
   }
+  /* A lock file (another program's: SQLite never takes an flock), empty
+   * or not, is not made a database under the process that holds it. */
+  if (locked_by_other(path, false)) {
+    snprintf(why, whylen, "a file another process holds an flock(2) on (a lock file)");
+    return OPEN_OTHERS;
+  }
   if (sb.st_size == 0)
     return OPEN_OK;
   /* What the file is, by its own bytes first: SQLite would take page 1
    * from a "<path>-wal" beside it, which may belong to another file (one
    * that was at the path before). */
-  if (!has_sqlite_header(path)) {
+  const char *side;
+  if (!has_sqlite_header(path, &side)) {
+    if (side[0]) {
+      snprintf(why, whylen, "%s", side);
+      return OPEN_OTHERS;
+    }
     snprintf(why, whylen, "its first bytes are not an SQLite header");
     return OPEN_CORRUPT;
   }
@@ -1042,6 +1142,13 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
      * the link's target: that is moved aside and rebuilt, where SQLite
      * opens it through the link; the link stays. */
     const char *aside = link_target(c->path, target, sizeof target);
+    /* A file another process holds a lock on is in use: never moved
+     * aside under it. */
+    if (locked_by_other(aside ? aside : c->path, true)) {
+      snprintf(why, sizeof why, "%s (%s), but another process holds a lock on it: "
+               "leaving it alone", r == OPEN_CORRUPT ? "corrupt" : "damaged schema", first);
+      goto unusable;
+    }
     int mv = move_aside(aside ? aside : c->path, moved, sizeof moved);
     if (mv < 0) {
       snprintf(why, sizeof why, "%s (%s) and cannot be moved aside: %s",
@@ -1075,6 +1182,12 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
             "cache file %s was made by a newer dspk (%s): leaving it alone;"
             " using an in-memory cache",
             c->path, why);
+    return 1;
+  case OPEN_OTHERS:
+    if (no_fallback)
+      return DSPK_EIO;
+    setwarn(warn, warnlen,
+            "cache file %s is %s: leaving it alone; using an in-memory cache", c->path, why);
     return 1;
   case OPEN_BUSY:
     /* Transient: another process (a daemon rebuilding a shared cache, an
@@ -1120,6 +1233,8 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
   c->max_bytes = opts && opts->max_bytes ? opts->max_bytes : DEFAULT_MAX_BYTES;
   c->busy_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms
                                                  : DEFAULT_BUSY_MS;
+  c->write_ms = opts && opts->write_timeout_ms > 0 ? opts->write_timeout_ms
+                                                   : DEFAULT_WRITE_MS;
   if (opts) {
     c->notice = opts->notice;
     c->notice_ud = opts->notice_ud;
@@ -1147,6 +1262,7 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
     goto err_free;
   if (err == 0) {
     remember_file(c);
+    set_write_wait(c, db);
     goto ready;
   }
 
@@ -1208,19 +1324,18 @@ static int64_t copy_into_file(sqlite3 *mem) {
 
 /* Called with the mutex held before each put while the cache is in memory
  * because its file was locked at open: opens the file again, waiting at
- * most RETRY_BUSY_MS for the lock (a put must not wait the full busy
+ * most write_ms for the lock (a put must not wait the full busy
  * timeout each time).  Still locked: stays in memory and tries at the next
  * put.  Opened: what was stored in memory meanwhile is copied into it, the
  * cache goes on with the file, and one line goes to opts.notice.  Another
  * failure (the file became unusable): stays in memory for good, and says
  * so. */
-#define RETRY_BUSY_MS 100
 static void retry_busy(struct dspk__cache *c) {
   char warn[1024] = "", line[1400];
   sqlite3 *db = NULL, *mem = c->db;
   int busy_ms = c->busy_ms;
   c->busy_retry = 0;
-  c->busy_ms = RETRY_BUSY_MS;
+  c->busy_ms = c->write_ms;
   int r = open_file(c, 0, &db, warn, sizeof warn);
   c->busy_ms = busy_ms;
   if (r != 0) {
@@ -1228,9 +1343,10 @@ static void retry_busy(struct dspk__cache *c) {
       return; /* still locked: no line, the next put tries again */
     snprintf(line, sizeof line, "%s", warn);
   } else {
-    sqlite3_busy_timeout(db, busy_ms);
+    set_write_wait(c, db);
     sqlite3_stmt *st = NULL;
     int64_t copied = -1;
+    sqlite3_busy_timeout(mem, c->write_ms); /* the copy waits no longer than a put */
     if (sqlite3_prepare_v2(mem, "ATTACH DATABASE ?1 AS f", -1, &st, NULL) == SQLITE_OK) {
       sqlite3_bind_text(st, 1, c->path, -1, SQLITE_STATIC);
       if (sqlite3_step(st) == SQLITE_DONE)
@@ -1281,9 +1397,15 @@ static void follow_path(struct dspk__cache *c) {
   if (!gone && sb.st_dev == c->dev && sb.st_ino == c->ino)
     return;
   drop_side_files(c);
+  /* A put waits no longer than the writes do: a file locked at the path
+   * now is retried at the next put (retry_busy). */
+  int busy_ms = c->busy_ms;
+  c->busy_ms = c->write_ms;
   int r = open_file(c, 0, &db, warn, sizeof warn);
+  c->busy_ms = busy_ms;
   if (r == 0) {
     remember_file(c);
+    set_write_wait(c, db);
     snprintf(line, sizeof line, "cache file %s was %s while in use; %s",
              c->path, gone ? "deleted" : "replaced",
              warn[0] ? warn

@@ -16,7 +16,9 @@
  * cache holds one SQLite connection behind a mutex, and each call is a
  * short transaction of its own.  No transaction is ever held across device
  * work: get, compile/tune, then put.  Several processes may share one file
- * (WAL mode and a busy timeout).
+ * (WAL mode and a busy timeout); once open, a write waits only briefly for
+ * another process's lock (opts.write_timeout_ms) and is given up, so that
+ * a lock held long elsewhere never holds up the callers (runners).
  *
  * Errors.  Functions return 0 or a negative dspk_errno (DSPK_ENOENT for a
  * miss) and never print or log; warnings meant for the daemon's log come
@@ -57,7 +59,12 @@ uint64_t dspk__hash64(const void *p, size_t n);
 
 struct dspk__cache_opts {
   uint64_t max_bytes;  /* size bound of all entries; 0: 256 MiB */
-  int busy_timeout_ms; /* wait for another writer; 0: 5000 ms */
+  int busy_timeout_ms; /* at open, wait for another writer; 0: 5000 ms */
+  /* Once open, each write (a put, a hit's recency, a clear) waits at most
+   * this for another process's lock, and then fails with DSPK_EBUSY (a
+   * put: the entry is not kept); for 1 s after such a failure the writes
+   * try the lock once without waiting.  0: 100 ms. */
+  int write_timeout_ms;
   int no_fallback;     /* 1: an unusable file is an error, no in-memory cache */
   /* Optional: receives one line for the log when the cache changes file
    * while open (its file was deleted or replaced: see dspk__cache_open).
@@ -87,14 +94,20 @@ struct dspk__cache_opts {
  * (marked, or made before caches were marked and recognised by exactly the
  * tables of its schema version) is used, migrated forward if older.
  * Another program's SQLite database, and a dspk cache of a newer schema,
- * are left alone, byte for byte (no -wal or -shm file is made beside them).
+ * are left alone, byte for byte (no -wal or -shm file is made beside them),
+ * and so are a file another process holds an flock(2) on (a lock file:
+ * SQLite itself never takes one) and one of the files SQLite keeps beside
+ * another database (by its first bytes: a write-ahead log, a rollback
+ * journal, a WAL index).
  * A corrupt file (not a database: a non-empty file whose first 16 bytes
  * are not SQLite's header, or PRAGMA quick_check fails) and a
  * marked cache whose tables are not those of its version are renamed to
  * "<path>.corrupt-<unixtime>" (or "<path>.corrupt-<unixtime>.N", N from
  * 1, when that name is taken: a file kept aside is never replaced) and a
  * new one is made (path a symbolic link: its target is renamed and
- * rebuilt, the link stays); a location that cannot be written, a file left alone,
+ * rebuilt, the link stays), unless another process holds a lock (flock(2)
+ * or fcntl(2)) on it: a file in use is never moved aside, and is left
+ * alone; a location that cannot be written, a file left alone,
  * or one that cannot be rebuilt falls back to an in-memory cache.  A file
  * another process keeps locked for longer than the busy timeout falls back
  * to an in-memory cache too, but only until it is free: each put first

@@ -5,8 +5,9 @@
  * daemon's own user, admin_users/admin_groups, by the peer credentials the
  * connection recorded: dspkd_admin_is).
  *
- * Both calls take the cache's mutex and may wait on SQLite's busy timeout
- * (another daemon sharing the file may be writing), so they run on libuv's
+ * Both calls take the cache's mutex and may wait for another process's
+ * lock on the file (100 ms at most: another daemon sharing the file may be
+ * writing), so they run on libuv's
  * thread pool (uv_queue_work), never on the loop thread.  The connection is
  * referenced while the work is out; when it closed meanwhile the answer is
  * dropped.  The loop does not end while a work request is pending, so the

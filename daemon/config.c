@@ -321,13 +321,69 @@ static int parse_bool(const char *s, bool *out) {
   return -1;
 }
 
+/* What parse_ids has to say about the names of the last list it parsed
+ * that no longer resolve ("" none): handle_key logs it as a warning. */
+static char ids_warn[320];
+
+/* Looks name up as a user (or a group) into *id.  0; 1 when the name
+ * service says there is no such name; -1 when the lookup failed (errno:
+ * the name service did not answer, out of memory...). */
+static int lookup_id(const char *name, bool group, uint32_t *id) {
+  char stack[4096], *buf = stack, *big = NULL;
+  size_t len = sizeof stack;
+  int e;
+
+  for (;;) {
+    if (group) {
+      struct group g, *r = NULL;
+      e = getgrnam_r(name, &g, buf, len, &r);
+      if (e == 0 && r)
+        *id = (uint32_t)r->gr_gid;
+      else if (e == 0)
+        e = -1;
+    } else {
+      struct passwd pw, *r = NULL;
+      e = getpwnam_r(name, &pw, buf, len, &r);
+      if (e == 0 && r)
+        *id = (uint32_t)r->pw_uid;
+      else if (e == 0)
+        e = -1;
+    }
+    if (e != ERANGE || len >= (1u << 20))
+      break;
+    len *= 2;
+    char *n = realloc(big, len);
+    if (!n) {
+      e = ENOMEM;
+      break;
+    }
+    buf = big = n;
+  }
+  free(big);
+  if (e == 0)
+    return 0;
+  /* getpwnam_r(3): these say "not found" too, as some name services
+   * report it. */
+  if (e == -1 || e == ENOENT || e == ESRCH || e == EBADF || e == EPERM)
+    return 1;
+  errno = e;
+  return -1;
+}
+
 /* Parses a list of user (or group) names or numeric ids, separated by
- * commas or spaces.  0, or -1 with the offending word in msg. */
+ * commas or spaces.  A name that does not resolve (no such user or group
+ * now, or a name service that does not answer: an LDAP server not up yet
+ * at boot) is no error: it stands in the list for no one (DSPKD_ID_NOBODY,
+ * never a process's id), so that a list of names none of which resolves
+ * still admits only root and dspkd's own user, and is said in ids_warn.
+ * 0, or -1 with the offending word in msg. */
 static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char *msg,
                      size_t len) {
   struct dspkd_idlist l = {0};
   char word[64];
+  size_t w = 0;
 
+  ids_warn[0] = '\0';
   while (*s) {
     size_t n = strcspn(s, ", \t");
     if (n == 0) {
@@ -352,21 +408,22 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
       l.id[l.n++] = (uint32_t)v;
       continue;
     }
-    if (groups) {
-      struct group *g = getgrnam(word);
-      if (!g) {
-        snprintf(msg, len, "no such group \"%s\"", vis(word));
-        return -1;
-      }
-      l.id[l.n++] = (uint32_t)g->gr_gid;
-    } else {
-      struct passwd *p = getpwnam(word);
-      if (!p) {
-        snprintf(msg, len, "no such user \"%s\"", vis(word));
-        return -1;
-      }
-      l.id[l.n++] = (uint32_t)p->pw_uid;
+    uint32_t id;
+    int r = lookup_id(word, groups, &id), e = errno;
+    if (r == 0) {
+      l.id[l.n++] = id;
+      continue;
     }
+    l.id[l.n++] = DSPKD_ID_NOBODY;
+    int k;
+    if (r > 0)
+      k = snprintf(ids_warn + w, sizeof ids_warn - w, "%sno such %s \"%s\"", w ? "; " : "",
+                   groups ? "group" : "user", vis(word));
+    else
+      k = snprintf(ids_warn + w, sizeof ids_warn - w, "%scannot look up %s \"%s\": %s",
+                   w ? "; " : "", groups ? "group" : "user", vis(word), strerror(e));
+    if (k > 0)
+      w = w + (size_t)k < sizeof ids_warn ? w + (size_t)k : sizeof ids_warn - 1;
   }
   *out = l;
   return 0;
@@ -879,8 +936,14 @@ static int handle_key(void *user, const char *section, const char *name, const c
     return 1;
   }
   /* A key the command line set is still checked. */
+  ids_warn[0] = '\0';
   if (store(k, value, true, skip ? &scratch : p->cfg, why, sizeof why) != 0)
     return perr(p, "%s: %s", name, why);
+  /* A name of an allow or admin list that does not resolve admits no one
+   * (until a reload finds it): the rest of the file applies. */
+  if (ids_warn[0] && !skip)
+    dspkd_warn("%s:%d: %s: %s: such a name admits no one until a reload finds it (the "
+               "other entries apply)", p->path, p->line, name, ids_warn);
   if (skip)
     return 1;
   if (k->type == K_SOCKET) {
@@ -1508,7 +1571,7 @@ out:
 
 static int in_list(const struct dspkd_idlist *l, uint32_t id) {
   for (unsigned i = 0; i < l->n; i++)
-    if (l->id[i] == id)
+    if (l->id[i] == id && id != DSPKD_ID_NOBODY) /* a name that did not resolve */
       return 1;
   return 0;
 }

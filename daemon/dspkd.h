@@ -43,6 +43,9 @@
 
 /* A list of user or group ids from the configuration's access policy. */
 #define DSPKD_MAX_IDS 32
+/* The entry of a name that did not resolve: (uint32_t)-1, which is no
+ * process's user or group id ((uid_t)-1 means "no change" to chown(2)). */
+#define DSPKD_ID_NOBODY UINT32_MAX
 struct dspkd_idlist {
   unsigned n; /* 0: the list is not set */
   uint32_t id[DSPKD_MAX_IDS];

@@ -3,10 +3,12 @@
  * Slurm jobs' state file is none of the others, and what a reload compares.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -265,30 +267,117 @@ static int check_paths(const char *js, const char *sock, const char *conf,
   return 0;
 }
 
-/* The cache (run.cache, "" none) and the files SQLite keeps beside it
- * checked against the socket (sock) and the configuration file (conf):
- * the cache opened at the configuration file's path took it for a corrupt
- * cache, moved it aside and wrote a database there (the next start could
- * not read its configuration); opened at the socket's, it made the bind
- * fail and stayed, failing every later start.  0, or -1 after logging one
- * line. */
-static int cache_collides(const char *sock, const char *conf) {
+/* What the regular file at path is when it is another dspkd's or
+ * SQLite's, or NULL: a dspkd state file (it begins "dspkd-jobs "), a file
+ * another process holds an flock(2) on (a lock file: another daemon's
+ * PATH.lock; SQLite locks with fcntl(2), never flock, so a cache that
+ * another process shares is not one), a path whose PATH.lock, empty,
+ * another process holds an flock on (a running daemon's state file, which
+ * it has not written yet), and, unless side (path is one of the files SQLite
+ * keeps beside the cache, not the cache), one whose name ends in -wal,
+ * -shm or -journal beside a database (another cache's file of SQLite's).
+ * The database's path goes into what for the last.  Nothing is changed:
+ * the flock is tried shared, without waiting, and let go at once. */
+static const char *cache_foreign(const char *path, bool side, char *what, size_t len) {
+  static const char *const sfx[] = {"-wal", "-shm", "-journal"};
+  static const char magic[] = "dspkd-jobs ", sqlite[16] = "SQLite format 3";
+  const char *is = NULL;
+  char head[sizeof sqlite];
+  struct stat st;
+  size_t n = strlen(path);
+  ssize_t got;
+  int fd;
+
+  if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+      (fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) >= 0) {
+    do
+      got = pread(fd, head, sizeof magic - 1, 0);
+    while (got < 0 && errno == EINTR);
+    if (got == (ssize_t)sizeof magic - 1 && memcmp(head, magic, sizeof magic - 1) == 0)
+      is = "a dspkd state file (another daemon's job_state, whose registered jobs the "
+           "cache would replace)";
+    else if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+      is = "a file another process holds an flock(2) on (a lock file: another dspkd's "
+           "PATH.lock)";
+    close(fd); /* lets a shared lock taken here go */
+    if (is)
+      return is;
+  }
+  /* A state file not written yet (no job registered) has its lock file
+   * already, held by its daemon (empty: dspkd never writes it). */
+  char lock[PATH_MAX + 8];
+  if ((size_t)snprintf(lock, sizeof lock, "%s.lock", path) < sizeof lock &&
+      stat(lock, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
+      (fd = open(lock, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) >= 0) {
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+      is = "the state file of another running dspkd (another process holds an flock(2) on "
+           "its lock file, PATH.lock)";
+    close(fd);
+    if (is)
+      return is;
+  }
+  for (size_t i = 0; !side && i < sizeof sfx / sizeof sfx[0]; i++) {
+    size_t k = strlen(sfx[i]);
+    if (n <= k || strcmp(path + n - k, sfx[i]) != 0)
+      continue;
+    snprintf(what, len, "%.*s", (int)(n - k), path);
+    if (stat(what, &st) != 0 || !S_ISREG(st.st_mode))
+      return NULL;
+    if (st.st_size != 0 && ((fd = open(what, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0 ||
+                            (got = pread(fd, head, sizeof head, 0), close(fd),
+                             got != (ssize_t)sizeof head ||
+                                 memcmp(head, sqlite, sizeof head) != 0)))
+      return NULL;
+    return "a file SQLite keeps beside the database";
+  }
+  return NULL;
+}
+
+/* The cache (cache, "" none) and the files SQLite keeps beside it checked
+ * against the socket (sock) and the configuration file (conf), and against
+ * the files of other daemons (cache_foreign): the cache opened at the
+ * configuration file's path took it for a corrupt cache, moved it aside
+ * and wrote a database there (the next start could not read its
+ * configuration); opened at the socket's, it made the bind fail and
+ * stayed, failing every later start; opened at another daemon's state
+ * file, lock file or cache's -wal, it moved that file aside or wrote a
+ * database into it under the daemon that runs on it.  name: the setting,
+ * for the message; foreign: the checks against other daemons' files
+ * (made after the state file's own, which name this daemon's own state
+ * and lock files as such), else those against the socket and the
+ * configuration file.  0, or -1 with the one line that says why in why. */
+static int check_cache(const char *cache, const char *sock, const char *conf,
+                       const char *name, bool foreign, char *why, size_t len) {
   static const char *const sides[] = {"", "-wal", "-shm", "-journal"};
-  char name[PATH_MAX + 64], side[PATH_MAX + 16], what[PATH_MAX + 16];
+  char side[PATH_MAX + 16], what[PATH_MAX + 16];
   const char *is;
 
-  for (size_t i = 0; run.cache[0] && i < sizeof sides / sizeof sides[0]; i++) {
-    snprintf(side, sizeof side, "%s%s", run.cache, sides[i]);
-    if ((is = collides(side, sock, conf, "", what, sizeof what)) == NULL)
+  for (size_t i = 0; cache[0] && i < sizeof sides / sizeof sides[0]; i++) {
+    snprintf(side, sizeof side, "%s%s", cache, sides[i]);
+    if (!foreign && (is = collides(side, sock, conf, "", what, sizeof what)) != NULL) {
+      if (i == 0)
+        snprintf(why, len, "%s %s is %s (%s): the cache would be made in its place; give "
+                 "the cache a path of its own", name, cache, is, what);
+      else
+        snprintf(why, len, "%s %s: its file %s (SQLite's, beside it) is %s (%s), which "
+                 "SQLite would create and remove; give the cache another path", name, cache,
+                 side, is, what);
+      return -1;
+    }
+    what[0] = '\0';
+    if (!foreign || (is = cache_foreign(side, i != 0, what, sizeof what)) == NULL)
       continue;
-    dspkd_config_name("cache", name, sizeof name);
-    if (i == 0)
-      dspkd_error("%s %s is %s (%s): the cache would be made in its place; give the cache "
-                  "a path of its own", name, run.cache, is, what);
+    if (what[0])
+      snprintf(why, len, "%s %s is %s %s (another cache's, which SQLite would move aside "
+               "under the daemon that uses it); give the cache a path of its own", name,
+               cache, is, what);
+    else if (i == 0)
+      snprintf(why, len, "%s %s is %s: the cache would be made in its place; give the cache "
+               "a path of its own", name, cache, is);
     else
-      dspkd_error("%s %s: its file %s (SQLite's, beside it) is %s (%s), which SQLite would "
-                  "create and remove; give the cache another path", name, run.cache, side,
-                  is, what);
+      snprintf(why, len, "%s %s: its file %s (SQLite's, beside it) is %s, which SQLite "
+               "would open as the cache's; give the cache another path", name, cache, side,
+               is);
     return -1;
   }
   return 0;
@@ -296,7 +385,7 @@ static int cache_collides(const char *sock, const char *conf) {
 
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   bool has_path = !activated || cfg->socket_path[0] != '(';
-  char name[PATH_MAX + 64], why[3 * PATH_MAX + 512];
+  char name[PATH_MAX + 64], cname[PATH_MAX + 64], why[3 * PATH_MAX + 512];
   char dflt[PATH_MAX];
   const char *conf = dspkd_config_file(), *sock = has_path ? cfg->socket_path : NULL;
 
@@ -333,9 +422,10 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   if (sock && !sock[0])
     sock = default_socket(dflt, sizeof dflt) == 0 ? dflt : NULL;
   /* Before the cache is opened (made, when absent). */
-  if (cache_collides(sock, conf) != 0)
-    return -1;
-  if (check_paths(run.job_state, sock, conf, run.cache, name, why, sizeof why) != 0) {
+  dspkd_config_name("cache", cname, sizeof cname);
+  if (check_cache(run.cache, sock, conf, cname, false, why, sizeof why) != 0 ||
+      check_paths(run.job_state, sock, conf, run.cache, name, why, sizeof why) != 0 ||
+      check_cache(run.cache, sock, conf, cname, true, why, sizeof why) != 0) {
     dspkd_error("%s", why);
     return -1;
   }
@@ -375,6 +465,7 @@ static int reload_job_state(const struct dspkd_config *nw, const char *sock, cha
 int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
                              bool job_state_fixed, bool cache_fixed, char *why, size_t len) {
   char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX], name[PATH_MAX + 64];
+  char cname[PATH_MAX + 64];
   bool has_path = !run.activated || run.socket[0] != '(';
 
   if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
@@ -389,7 +480,19 @@ int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
     cache[0] = '\0';
   from_start(cache, sizeof cache);
   dspkd_config_name("job_state", name, sizeof name);
-  return check_paths(jobs, has_path ? sock : NULL, dspkd_config_file(), cache, name, why,
+  dspkd_config_name("cache", cname, sizeof cname);
+  /* The cache's checks as at start: a cache the next start refuses is
+   * refused now.  Those against other daemons' files only for a cache
+   * other than the running one, which passed them at start (and whose
+   * file another process may lock for a while without making it theirs). */
+  if (check_cache(cache, has_path ? sock : NULL, dspkd_config_file(), cname, false, why,
+                  len) != 0 ||
+      check_paths(jobs, has_path ? sock : NULL, dspkd_config_file(), cache, name, why,
+                  len) != 0)
+    return -1;
+  if (!cache[0] || (run.cache[0] && dspkd_paths_same(cache, run.cache)))
+    return 0;
+  return check_cache(cache, has_path ? sock : NULL, dspkd_config_file(), cname, true, why,
                      len);
 }
 

@@ -536,6 +536,64 @@ def t_cachefiles(exe, tmp):
                        stderr=subprocess.PIPE, stdout=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"is the socket" in p.stderr and not os.path.exists(sock) and
           not os.path.exists(os.path.join(tmp, "c.jobs")), "--end-job: %r" % p.stderr)
+    # Another running daemon's files (outside probe 15 E1): its state file
+    # (it was taken for a corrupt cache, moved aside and replaced by a
+    # database), its flocked PATH.lock (SQLite wrote a database into it)
+    # and its cache's -wal (moved aside: the daemon's cache lost its
+    # entries).  Refused at start and by --end-job, nothing changed.
+    a_jobs, a_db = os.path.join(tmp, "a.jobs"), os.path.join(tmp, "a.db")
+    write(conf, text)
+    a = Daemon(exe, tmp, ["--job-state", a_jobs, "--cache", a_db])
+    ac = a.client()
+    # Its state file before the first job.register, which makes it.
+    refused(a_jobs, "is the state file of another running dspkd")
+    ac.call("job.register", {"job": 7, "uid": 1000})
+    state = open(a_jobs, "rb").read()
+    check(state.startswith(b"dspkd-jobs ") and os.path.exists(a_db + "-wal"),
+          "a's files: %r %r" % (state, os.listdir(tmp)))
+    refused(a_jobs, "is a dspkd state file")
+    refused(a_jobs + ".lock", "another process holds an flock(2) on")
+    refused(a_db + "-wal", "is a file SQLite keeps beside the database %s" % a_db)
+    p = subprocess.run([exe, "--config", "", "--job-state", os.path.join(tmp, "e.jobs"),
+                        "--cache", a_jobs, "--end-job", "5"],
+                       stderr=subprocess.PIPE, stdout=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"is a dspkd state file" in p.stderr and
+          not os.path.exists(os.path.join(tmp, "e.jobs")), "--end-job: %r" % p.stderr)
+    check(open(a_jobs, "rb").read() == state and os.path.getsize(a_jobs + ".lock") == 0,
+          "a's state and lock files unchanged")
+    ac.call("job.register", {"job": 8, "uid": 1000})
+    # A reload (outside probe 15 E2): a cache that the next start refuses
+    # is refused, the running configuration kept, as a job_state is.
+    rconf = os.path.join(tmp, "r.conf")
+    write(rconf, "[daemon]\ncache = %s\n" % os.path.join(tmp, "r.db"))
+    r = Daemon(exe, tmp, ["--config", rconf, "--job-state", os.path.join(tmp, "r.jobs")])
+    rc = r.client()
+    for cache, want in ((rconf, "is the configuration file (%s)" % rconf),
+                        (r.sock, "is the socket (%s)" % r.sock),
+                        (a_jobs, "is a dspkd state file"),
+                        (a_jobs + ".lock", "holds an flock(2) on")):
+        write(rconf, "[daemon]\ncache = %s\n" % cache)
+        try:
+            rc.call("daemon.reload")
+            raise AssertionError("reload took cache = %s:\n%s" % (cache, r.logtext()))
+        except RpcError as e:
+            check(e.name == "EINVAL" and want in e.err.get("message", ""),
+                  "cache = %s: %r" % (cache, e.err))
+        log = r.logtext()
+        check("error: reload: %s: cache %s" % (rconf, cache) in log and want in log and
+              "keeping the running configuration" in log, "logged: %s" % log)
+    check(open(a_jobs, "rb").read().startswith(b"dspkd-jobs ") and
+          os.path.getsize(a_jobs + ".lock") == 0, "nothing changed by the refused reloads")
+    write(rconf, "[daemon]\ncache = %s\n" % os.path.join(tmp, "r2.db"))
+    check(rc.call("daemon.reload")["reloaded"], "another cache: reloaded")
+    check("%s: cache changed; it takes effect at the next start" % rconf in r.logtext(),
+          "said as a change: " + r.logtext())
+    rc.close()
+    r.proc.send_signal(signal.SIGTERM)
+    check(r.wait() == 0, "r exits 0:\n" + r.logtext())
+    ac.close()
+    a.proc.send_signal(signal.SIGTERM)
+    check(a.wait() == 0, "a exits 0:\n" + a.logtext())
 
 
 def t_sockreplaced(exe, tmp):
@@ -1490,7 +1548,6 @@ def t_config(exe, tmp):
     # the [policy] lists (--cache "" is the command line's --no-cache).
     start_fail("[daemon]\ncache =\n",
                "%(f)s:2: cache: expected a path (no_cache = yes runs without a cache)")
-    start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
     start_fail("[daemon]\ndevice_inflight = 0\n", "%(f)s:2: device_inflight")
     start_fail("[daemon]\ndevice_inflight = 65\n", "%(f)s:2: device_inflight")
@@ -1834,6 +1891,37 @@ def t_policy(exe, tmp):
     # this daemon has none), not only call the admin methods.
     got = as_user(d.sock, nobody, "ping", "daemon.reload", "cache.clear")
     check(got == ["ok", "ok", "ENOENT"], "allowed and admin after the reload: %r" % got)
+    # A name that does not resolve (a user deleted, LDAP not up at boot)
+    # admits no one and is a warning, not a refused reload or start (outside
+    # probe 15 E5: one stale name stopped every reload and the start); a
+    # list of such names alone still admits no one else, never everyone.
+    n = len(d.logtext())
+    write(conf, "[policy]\nallow_users = no-such-user-here,nobody\n"
+          "admin_groups = %d,no-such-group-here\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "a stale name: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (a stale name)")
+    log = d.logtext()[n:]
+    check('warn: %s:2: allow_users: no such user "no-such-user-here": such a name admits no '
+          "one until a reload finds it (the other entries apply)" % conf in log and
+          'warn: %s:3: admin_groups: no such group "no-such-group-here"' % conf in log,
+          "the stale names are warned of:\n" + log)
+    got = as_user(d.sock, nobody, "ping", "daemon.reload")
+    check(got == ["ok", "ok"], "the other entries apply: %r" % got)
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 after nobody's reload")
+    write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")
+    got = as_user(d.sock, nobody, "ping")
+    check(got == ["notify:protocol.error:EPERM"], "a stale name alone admits no one: %r" % got)
+    # The start too (it exited 2).
+    st = Daemon(exe, tmp, ["--config", conf, "--no-cache"], sock=os.path.join(tmp, "st.sock"))
+    check('allow_users: no such user "no-such-user-here"' in st.logtext(),
+          "warned at start:\n" + st.logtext())
+    st.proc.send_signal(signal.SIGTERM)
+    check(st.wait() == 0, "exit 0")
+    write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "back")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (back)")
     check(root.call("daemon.reload") == {"reloaded": True}, "root is still an admin")
     check(root.call("ping", {"data": b"k"})["data"] == b"k", "root kept its connection")
     got = as_user(d.sock, nobody, "daemon.stop")
