@@ -2287,8 +2287,15 @@ class Client:
         # code, where one could leave the lock held, the worker then blocked for ever).
         self._work_lock = threading.RLock()  # an RLock: see _wait_in
         self._work_cond = threading.Condition(self._work_lock)
+        # The jobs queued: submit() appends one in a single C call (deque.append), so
+        # that an interruption never leaves a job queued but uncounted, or counted but
+        # not queued (a separate count raised after the append was cut there: the
+        # job was later run and the count went below 0, and every call then waited
+        # for "the submit()s made before it" for ever).
         self._jobs: "collections.deque[_Job]" = collections.deque()
-        self._jobs_pending = 0           # jobs queued or running whose task is unsent
+        # Jobs taken by the worker whose task is not sent yet: changed by the worker's
+        # thread only (no signal handler runs there), under _work_lock.
+        self._jobs_running = 0
         # The worker's token (_Runner): set while one runs or is launched.  Whoever
         # finds jobs queued and none (an interruption cut a launch) launches one
         # (_ensure_worker_locked: submit(), the calls that wait for the jobs, result()).
@@ -2876,25 +2883,34 @@ class Client:
         fut._owner = weakref.ref(self)
         if owner is not None:
             owner += [fut]
-        with self._lock:
-            if self._closed is not None:
-                raise self._closed_error()
-            msgid = self._next_id
-            while msgid in self._pending:
-                msgid = msgid % 0xFFFFFFFF + 1
-            self._next_id = msgid % 0xFFFFFFFF + 1
-            fut._msgid = msgid
-            self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
-            if into is not None:  # buffer.read: its answer's bytes go straight to `into`
-                n = into.nbytes
-                self._direct[msgid] = (
-                    b"\x94\x01" + msgpack.packb(msgid) + b"\xc0\x81\xa4data" +
-                    (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else
-                     b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else
-                     b"\xc6" + n.to_bytes(4, "big")), into)
-            if is_async:
-                self._async += 1
+        # The request's entries (its _Call, its direct read, its count of pending
+        # submit() futures) are made inside the try whose except takes them back, each
+        # marked made with no call between the store and the mark: an interruption at
+        # any call here (CPython runs a handler as a C call returns) leaves none of
+        # them behind for a request never sent (a count of pending futures left raised
+        # kept a reader thread reading for ever).
+        msgid = 0
+        counted = False
         try:
+            with self._lock:
+                if self._closed is not None:
+                    raise self._closed_error()
+                msgid = self._next_id
+                while msgid in self._pending:
+                    msgid = msgid % 0xFFFFFFFF + 1
+                self._next_id = msgid % 0xFFFFFFFF + 1
+                fut._msgid = msgid
+                if is_async:
+                    self._async += 1
+                    counted = True
+                self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
+                if into is not None:  # buffer.read: its answer's bytes go straight to `into`
+                    n = into.nbytes
+                    self._direct[msgid] = (
+                        b"\x94\x01" + msgpack.packb(msgid) + b"\xc0\x81\xa4data" +
+                        (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else
+                         b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else
+                         b"\xc6" + n.to_bytes(4, "big")), into)
             chunks = self._encode([0, msgid, method, [args] if args is not None else []],
                                   bigs or [])
             size = sum(memoryview(c).nbytes for c in chunks)
@@ -2914,9 +2930,12 @@ class Client:
                     self._ensure_reader()
                 raise
             with self._lock:  # nothing will answer it
-                self._pending.pop(msgid, None)
-                self._direct.pop(msgid, None)
-                if is_async:
+                # (an interruption in the search for a free msgid leaves another
+                # call's there: only this one's entries go)
+                if getattr(self._pending.get(msgid), "future", None) is fut:
+                    self._pending.pop(msgid, None)
+                    self._direct.pop(msgid, None)
+                if counted:
                     self._async -= 1
             raise
         if is_async:
@@ -3596,6 +3615,12 @@ class Client:
 
     # ---- the worker: submit()s that would wait ------------------------------------
 
+    @property
+    def _jobs_pending(self) -> int:
+        """The deferred submit()s whose task is not sent yet: queued, or taken by the
+        worker and not yet sent.  Derived, never stored: see _jobs."""
+        return len(self._jobs) + self._jobs_running
+
     def _is_worker(self) -> bool:
         """Whether this thread is the client's worker (running deferred submit()s)."""
         w = self._worker
@@ -3617,20 +3642,16 @@ class Client:
         """_ensure_worker_locked for a call that waits for the jobs queued: where no
         thread can be had, the jobs queued end with dspk.LimitExceeded (nothing of
         them was sent) rather than being waited for in vain."""
-        jobs: List[_Job] = []
         with self._work_lock:
             try:
                 self._ensure_worker_locked()
+                return
             except RuntimeError as e:
-                if self._worker is None:
-                    jobs = list(self._jobs)
-                    self._jobs.clear()
-                    self._jobs_pending -= len(jobs)
-                    self._work_cond.notify_all()
-                err = e
-        for job in jobs:
-            self._settle(job.future, exc=_errors.LimitExceeded(
-                "submit: no thread for the client's worker (%s)" % err))
+                if self._worker is not None:
+                    return
+                why = str(e)
+        self._fail_queued(lambda: _errors.LimitExceeded(
+            "submit: no thread for the client's worker (%s)" % why))
 
     def _no_wait(self, always: bool = True) -> None:
         """In submit()'s first attempt, on the caller's thread: _Defer where the op would
@@ -3694,8 +3715,7 @@ class Client:
         with self._work_lock:
             if self._closed is not None:
                 raise self._closed_error()
-            self._jobs.append(job)
-            self._jobs_pending += 1
+            self._jobs.append(job)  # queued and counted at once (one C call)
             self._work_cond.notify_all()
             try:
                 self._ensure_worker_locked()
@@ -3704,7 +3724,6 @@ class Client:
                     # Nothing of this submit() was sent (nor of those before it,
                     # queued with no worker either): it is refused.
                     self._jobs.remove(job)
-                    self._jobs_pending -= 1
                     self._work_cond.notify_all()
                     raise _errors.LimitExceeded("submit: no thread for the client's "
                                                 "worker (%s)" % e) from None
@@ -3729,6 +3748,7 @@ class Client:
                         self._worker = None
                     self._work_cond.notify_all()
                     return
+                self._jobs_running += 1  # first: the job is never uncounted
                 job = self._jobs.popleft()
             self._run_job(job)
 
@@ -3739,13 +3759,15 @@ class Client:
             with self._work_lock:
                 if job not in self._jobs:
                     return
+                self._jobs_running += 1  # as in _worker_main
                 nxt = self._jobs.popleft()
             self._run_job(nxt)
 
     def _run_job(self, job: _Job) -> None:
-        """Runs one deferred submit(): its staging and the sending of its task (waiting
-        for their answers as a synchronous call does), then its future follows the
-        task's.  Every failure goes to the future, as a dspk.Error."""
+        """Runs one deferred submit() (on the worker's thread, which counted it in
+        _jobs_running as it took it off the queue): its staging and the sending of its
+        task (waiting for their answers as a synchronous call does), then its future
+        follows the task's.  Every failure goes to the future, as a dspk.Error."""
         inner = None
         err: Optional[BaseException] = None
         try:
@@ -3768,7 +3790,7 @@ class Client:
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
                 with self._work_lock:
-                    self._jobs_pending -= 1
+                    self._jobs_running -= 1
                     self._work_cond.notify_all()
         user = job.future
         if inner is None:
@@ -3800,13 +3822,25 @@ class Client:
     def _fail_jobs(self) -> None:
         """close(): the deferred submit()s not yet taken by the worker end with
         dspk.Closed at once (the one it runs ends as its waits do)."""
-        with self._work_lock:
-            jobs = list(self._jobs)
-            self._jobs.clear()
-            self._jobs_pending -= len(jobs)
-            self._work_cond.notify_all()
-        for job in jobs:
-            self._settle(job.future, exc=self._closed_error())
+        self._fail_queued(self._closed_error)
+
+    def _fail_queued(self, err: Callable[[], Error]) -> None:
+        """Ends the deferred submit()s queued (not taken by the worker) with ``err()``.
+        Each is settled before it leaves the queue, so that an interruption anywhere
+        here leaves no job off the queue with its future pending (a job settled and
+        still queued is skipped by the worker, or failed by the next call here)."""
+        while True:
+            with self._work_lock:
+                if not self._jobs:
+                    self._work_cond.notify_all()
+                    return
+                job = self._jobs[0]
+            self._settle(job.future, exc=err())
+            with self._work_lock:
+                try:
+                    self._jobs.remove(job)
+                except ValueError:
+                    pass  # taken by the worker meanwhile (it skips a done future)
 
     def _after_jobs(self, method: str) -> None:
         """Before a request of another call is sent: waits until the worker has sent the
