@@ -1094,31 +1094,44 @@ class TaskFuture(concurrent.futures.Future):
         """As concurrent.futures.Future's; the wait is outside the future's lock (see
         _wait_done), which is then taken for the result only.  A timeout that is not
         None or a real number is a TypeError, NaN a ValueError, as the wait of
-        concurrent.futures would have them, said before any wait."""
-        _check_wait_timeout(timeout)
-        if not self._wait_done(self._pump(timeout)):
+        concurrent.futures would have them, said before any wait; any real number is
+        taken (a numpy float32, a Fraction)."""
+        if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
             raise concurrent.futures.TimeoutError()
         return super().result(0)
 
     @_untraced
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
-        _check_wait_timeout(timeout)
-        if not self._wait_done(self._pump(timeout)):
+        if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
             raise concurrent.futures.TimeoutError()
         return super().exception(0)
 
 
-def _check_wait_timeout(timeout: Any) -> None:
-    """Refuses a future's wait timeout that is not None or a real number (a bool is
-    one, as it is to concurrent.futures), or that is NaN."""
+def _check_wait_timeout(timeout: Any) -> Optional[float]:
+    """A future's wait timeout as the waits take it: None (for ever, also for one
+    above _TIMEOUT_FOREVER, 10**400 or inf), else a float of 0 or more (0: do not
+    wait).  Any real number is taken (a bool is one, as it is to concurrent.futures;
+    a numpy float32, a Fraction: a lock's acquire() takes only a float or an int, and
+    refused them with "cannot be interpreted as an integer"); another type is a
+    TypeError and NaN a ValueError."""
     if timeout is None:
-        return
+        return None
     if not isinstance(timeout, numbers.Real):
         raise TypeError("timeout: seconds (a real number) or None, not %s"
                         % type(timeout).__name__)
     if timeout != timeout:  # NaN, of whatever real type
         raise ValueError("timeout: NaN is not a number of seconds")
+    if isinstance(timeout, numbers.Integral):
+        seconds = int(timeout)  # 10**400 too, which no float holds
+        return None if seconds > _TIMEOUT_FOREVER else float(max(seconds, 0))
+    try:
+        f = float(timeout)
+    except OverflowError:  # a Fraction (or another real) beyond float64
+        f = math.inf if timeout > 0 else -math.inf
+    if f != f:  # NaN by float() of a real type that compares as a number
+        raise ValueError("timeout: NaN is not a number of seconds")
+    return None if f > _TIMEOUT_FOREVER else max(f, 0.0)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
