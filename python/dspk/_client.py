@@ -605,7 +605,7 @@ class _TempList(list):  # of _Temp
         if fut is None:
             if not self.ended:
                 return None  # _run is still making or sending the task
-            sent = [f for f in self.owner if f.sent]
+            sent = [f for f in self.owner if f._sent]
             if not sent:
                 return 1
             fut = sent[-1]
@@ -802,7 +802,9 @@ class TaskFuture(concurrent.futures.Future):
     _msgid: int = 0
     # Its request is written whole (set with no call after the last byte's count, so
     # that an interruption after that point still finds it): an answer will come.
-    sent: bool = False
+    # Read by the client as this attribute (no call: an interruption cannot skip the
+    # reading), by the user as the read-only ``sent``.
+    _sent: bool = False
     # The Client that sent it: a msgid means something on its connection only.
     _owner: "Optional[weakref.ref[Client]]" = None
     # A submit() handed to the client's worker thread: its job (msgid is 0 until the
@@ -821,6 +823,12 @@ class TaskFuture(concurrent.futures.Future):
     def msgid(self) -> int:
         """Its request's id (read-only; 0 until a worker's submit() sent its task)."""
         return self._msgid
+
+    @property
+    def sent(self) -> bool:
+        """Whether its request was written whole to the socket (read-only: the client
+        goes by it to know whether an answer will come)."""
+        return self._sent
 
     def _locked(self) -> Any:
         """The future's lock, for a ``with`` block.  On the main thread (the one that
@@ -1329,8 +1337,8 @@ class DeviceArray:
         self._device = device
         self._shape = tuple(int(n) for n in shape)
         self._dtype = np.dtype(dtype)
-        self.offset = offset
-        self.size_bytes = size if size is not None else self.nbytes
+        self._offset = offset
+        self._size_bytes = size if size is not None else self.nbytes
         self._freed = False
 
     @property
@@ -1359,12 +1367,27 @@ class DeviceArray:
         return self._dtype
 
     @property
+    def offset(self) -> int:
+        """The tensor's first byte in the buffer (read-only): 0 for a DeviceArray of
+        ``empty()`` or ``to_device()``; where the daemon's answer names it, for a
+        result in a buffer (a kernel's)."""
+        return self._offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the buffer (read-only): the ``size`` of the daemon's answer to
+        ``buffer.create`` for a DeviceArray of ``empty()`` or ``to_device()``, else
+        ``nbytes``."""
+        return self._size_bytes
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of the tensor (product of the shape times the item size)."""
+        """Bytes of the tensor (product of the shape times the item size; read-only)."""
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def ndim(self) -> int:
+        """The number of axes, len(shape) (read-only)."""
         return len(self.shape)
 
     @_public
@@ -1404,7 +1427,7 @@ class DeviceArray:
                                    "its with-block)" % (what, self.buffer))
 
     def _ref(self) -> Dict[str, Any]:
-        return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
+        return {"buffer": self._buffer, "offset": self._offset, "dtype": wire_name(self._dtype),
                 "shape": list(self.shape)}
 
     def __enter__(self) -> "DeviceArray":
@@ -2149,16 +2172,16 @@ class Client:
                 raise _errors.InvalidArgument(
                     "socket: expected a path, got %s whose __fspath__() gives no str "
                     "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
-        self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
-        if not self.socket_path:
+        self._socket_path = os.fsdecode(socket) if socket is not None else default_socket()
+        if not self._socket_path:
             raise _errors.ConnectError("cannot connect to dspkd: the socket path is empty "
                                        "(socket=None takes the default, "
                                        "dspk.default_socket())")
-        if "\0" in self.socket_path:
+        if "\0" in self._socket_path:
             # The kernel would take the path up to its first NUL (and one that starts
             # with a NUL names an abstract socket): another socket than the one meant.
             raise _errors.InvalidArgument("socket: the path %r holds a NUL character"
-                                          % self.socket_path)
+                                          % self._socket_path)
         timeout = _check_timeout(timeout)
         if name is not None:
             _string("name", name)
@@ -2199,7 +2222,7 @@ class Client:
         timeout = self.timeout
         try:
             if timeout is None:
-                sock.connect(self.socket_path)
+                sock.connect(self._socket_path)
             else:
                 self._connect_before(sock, time.monotonic() + timeout)
         except BaseException as e:
@@ -2208,10 +2231,10 @@ class Client:
                 raise  # a signal handler's exception (KeyboardInterrupt...): the caller's
             if isinstance(e, TimeoutError):
                 raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
-                                      "no connections)" % (self.socket_path, timeout)) \
+                                      "no connections)" % (self._socket_path, timeout)) \
                     from None
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
-                                       % (self.socket_path, e.strerror or e)) from None
+                                       % (self._socket_path, e.strerror or e)) from None
         self._sock = sock
         # The process that connected: a child of fork() shares the socket and the
         # daemon's buffers with it, and must touch neither (_forked).
@@ -2364,7 +2387,7 @@ class Client:
         pause = 0.001
         while True:
             try:
-                sock.connect(self.socket_path)
+                sock.connect(self._socket_path)
                 break
             except (BlockingIOError, InterruptedError):
                 left = deadline - time.monotonic()
@@ -2476,7 +2499,7 @@ class Client:
 
     def __repr__(self) -> str:
         return "Client(socket=%r, client_id=%r%s)" % (
-            getattr(self, "socket_path", None), getattr(self, "client_id", None),
+            getattr(self, "_socket_path", None), getattr(self, "_client_id", None),
             ", closed" if getattr(self, "_closed", None) is not None else "")
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -2499,7 +2522,15 @@ class Client:
             pass
 
     @property
+    def socket_path(self) -> str:
+        """The path of the daemon's socket this client connected to, as a str
+        (os.fsdecode of a bytes path; read-only)."""
+        return self._socket_path
+
+    @property
     def closed(self) -> bool:
+        """Whether the connection is closed: close(), a lost connection, or a child of
+        fork() (read-only)."""
         return self._closed is not None or self._forked()
 
     @property
@@ -2692,7 +2723,7 @@ class Client:
                     continue
                 sent = base + sum(counts)
                 if sent == total and mark is not None:
-                    mark.sent = True
+                    mark._sent = True
                 anc = []
                 while n and views:
                     if n >= views[0].nbytes:
@@ -2724,7 +2755,7 @@ class Client:
             sent = base + sum(counts)
             inside = len(counts) < calls  # raised by the send call itself
             if sent == total and not inside and mark is not None:
-                mark.sent = True
+                mark._sent = True
             if inside and sent < total:
                 self._cut(_errors.Closed(
                     "a request was cut by %s inside a send system call, after %d of its "
@@ -2885,7 +2916,7 @@ class Client:
                deadline: Any = _EACH) -> TaskFuture:
         """Sends a request; returns its future.  ``owner``: a list of the caller's
         that gets the future before anything is sent, so that when an exception
-        (KeyboardInterrupt) comes after the request went out whole (``fut.sent``),
+        (KeyboardInterrupt) comes after the request went out whole (``fut._sent``),
         the caller can still attach what its answer owes (a buffer to free, shared
         temporaries to give back): such a future stays pending and is completed by
         its answer."""
@@ -2935,7 +2966,7 @@ class Client:
                     % (method, size, self.max_message))
             self._send_chunks(chunks, fds, fut, deadline)
         except BaseException:  # KeyboardInterrupt too
-            if fut.sent:
+            if fut._sent:
                 # Written whole: its answer will come and complete the future (the
                 # caller attaches what it owes through ``owner``).
                 if is_async:
@@ -2995,7 +3026,7 @@ class Client:
                     raise
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
                 for fut in owner:  # a request sent whole: its buffer is freed when made
-                    if fut.sent:
+                    if fut._sent:
                         self._orphans += [fut]  # first, and no call: nothing can lose it
                         fut._add_inline(self._orphaned_buffer)
                 raise
@@ -4421,7 +4452,7 @@ class Client:
 
     def _read_array(self, d: DeviceArray) -> np.ndarray:
         out = np.empty(d.shape, dtype=d.dtype)
-        futs = self._start_reads(d.buffer, d.offset, out.reshape(-1).view(np.uint8))
+        futs = self._start_reads(d.buffer, d._offset, out.reshape(-1).view(np.uint8))
         for f in futs:
             self._wait(f)
         return out
@@ -4497,7 +4528,7 @@ class Client:
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
                 out._live("out=")
-                outputs = [{"buffer": out.buffer, "offset": out.offset}]
+                outputs = [{"buffer": out.buffer, "offset": out._offset}]
                 if target == "any":
                     target = out.device
         for i, x in enumerate(inputs):
@@ -4660,14 +4691,14 @@ class Client:
         if "buffer" in t and t.get("data") is None:
             offset = int(t.get("offset") or 0)
             if isinstance(passed, DeviceArray) and passed.buffer == t["buffer"] and \
-                    passed.offset == offset and passed.shape == shape and passed.dtype == dt:
+                    passed._offset == offset and passed.shape == shape and passed.dtype == dt:
                 return passed
             if isinstance(passed, np.ndarray) and passed.shape == shape and \
                     passed.dtype == dt and any(buf == t["buffer"] and off == offset and
                                                arr is passed for buf, off, arr in shared_ops):
                 return passed
             for cand in ([out] if out is not None else []) + list(operands):
-                if cand.buffer == t["buffer"] and cand.offset == offset \
+                if cand.buffer == t["buffer"] and cand._offset == offset \
                         and cand.shape == shape and cand.dtype == dt:
                     return cand
             for buf, off, arr in shared_ops:
@@ -4717,7 +4748,7 @@ class Client:
             return again()
         except BaseException:
             shm.ended = True  # before any call: see _TempList
-            sent = [f for f in owner if f.sent]
+            sent = [f for f in owner if f._sent]
             if sent and shm:
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.

@@ -788,3 +788,40 @@ def test_attributes_the_client_goes_by_are_read_only_or_checked(daemon):
         c.shared_threshold = 0
         assert c.shared_threshold == 0
         assert c.ping() > 0 and d.numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_every_public_attribute_of_every_public_class_is_read_only(daemon):
+    """A DeviceArray's offset and size_bytes, a future's sent and a client's
+    socket_path were still plain writable fields, and the client went by them: after
+    d.offset = 16, numpy() read at offset 16 (outside probe 15, C, 3); dspk.DTYPES, by
+    which answers are decoded, was a plain dict.  Now every public attribute of a
+    Client, a DeviceArray and a TaskFuture that is not a method raises AttributeError
+    on assignment (and on deletion), but c.timeout and c.shared_threshold (checked
+    setters): found by dir(), so that an attribute added later is checked too."""
+    import inspect
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        d = c.to_device(np.arange(4, dtype=np.float32))
+        f = c.submit("reduce", np.ones(4))
+        assert f.result(TIMEOUT) == 4
+        settable = {(dspk.Client, "timeout"), (dspk.Client, "shared_threshold")}
+        seen = set()
+        for obj, cls in ((c, dspk.Client), (d, dspk.DeviceArray), (f, dspk.TaskFuture)):
+            for name in dir(obj):
+                value = getattr(obj, name)
+                if name.startswith("_") or inspect.ismethod(value) or \
+                        (cls, name) in settable:
+                    continue
+                seen.add(name)
+                for change in (lambda: setattr(obj, name, 16),
+                               lambda: object.__setattr__(obj, name, 16),
+                               lambda: delattr(obj, name)):
+                    with pytest.raises(AttributeError):
+                        change()
+                assert getattr(obj, name) == value
+        assert {"socket_path", "offset", "size_bytes", "sent", "msgid", "buffer"} <= seen
+        assert d.offset == 0 and d.size_bytes == 16 and f.sent
+        assert c.socket_path == daemon.socket
+        with pytest.raises(TypeError):
+            dspk.DTYPES["f32"] = np.dtype(np.float64)  # type: ignore[index]
+        assert dspk.DTYPES["f32"] == np.float32
+        assert d.numpy().tolist() == [0, 1, 2, 3]
