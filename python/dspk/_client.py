@@ -29,6 +29,7 @@ import numbers
 import os
 import select
 import socket as _socket
+import stat as _stat
 import sys
 import threading
 import time
@@ -630,6 +631,48 @@ def default_socket() -> str:
     return "/run/dspk/dspkd.sock"
 
 
+# Bytes of a Unix socket's path: sun_path (108) less its terminating NUL, as
+# libdspkclient and dspk-submit take it (cli.md).
+_SOCKET_PATH_MAX = 107
+
+
+def _socket_path_error(path: str, given: bool) -> Optional[Error]:
+    """dspk.LimitExceeded (ELIMIT, as libdspkclient and dspk-submit say it) for a socket
+    path longer than _SOCKET_PATH_MAX bytes, naming where it came from (``given``: the
+    caller's ``socket``; else $DSPK_SOCKET or the default); None for one that fits.
+    A str that has no bytes form (a lone surrogate) is left to connect()."""
+    try:
+        n = len(os.fsencode(path))
+    except UnicodeError:
+        return None
+    if n <= _SOCKET_PATH_MAX:
+        return None
+    whence = "socket path from socket=" if given else \
+        "socket path from $DSPK_SOCKET" if os.environ.get("DSPK_SOCKET") else \
+        "default socket path"
+    return _errors.LimitExceeded("cannot connect to dspkd at %s: %s longer than %d bytes "
+                                 "(%d bytes)" % (path, whence, _SOCKET_PATH_MAX, n))
+
+
+def _not_a_socket(path: str) -> str:
+    """For connect()'s error: where ``path`` is there but is no socket, what it is
+    ("; /tmp/x is a regular file, not a socket: ..."), as dspk-submit says it; else
+    "" (no such path, a socket, or one stat() cannot look at)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return ""
+    if _stat.S_ISSOCK(mode):
+        return ""
+    kind = "a directory" if _stat.S_ISDIR(mode) else \
+        "a FIFO" if _stat.S_ISFIFO(mode) else \
+        "a regular file" if _stat.S_ISREG(mode) else \
+        "a character device" if _stat.S_ISCHR(mode) else \
+        "a block device" if _stat.S_ISBLK(mode) else "a file of another kind"
+    return "; %s is %s, not a socket: check connect()'s socket and $DSPK_SOCKET" \
+        % (path, kind)
+
+
 @_public
 def connect(socket: Optional[SocketPath] = None, *,
             name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
@@ -647,8 +690,10 @@ def connect(socket: Optional[SocketPath] = None, *,
             with :class:`dspk.Closed`).  Futures of submit() wait as their result() says.
 
     Raises:
-        dspk.ConnectError: no daemon listens there.
-        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pair
+        dspk.ConnectError: no daemon listens there (with what the path is when it is
+            there but is no socket: a regular file, a directory...).
+        dspk.LimitExceeded: a socket path longer than 107 bytes (ELIMIT, naming where
+            it came from: socket=, $DSPK_SOCKET or the default); no file descriptor for the socket or the wake-up pair
             (EMFILE, ENFILE); other OSErrors of making them as python.md's Errors
             says (never a bare OSError).
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
@@ -2194,6 +2239,9 @@ class Client:
                                               % e.reason) from None
         self._timeout: Optional[float] = timeout
         self._env_job = _env_job()  # before connecting: a malformed $DSPK_JOB is the caller's
+        too_long = _socket_path_error(self._socket_path, socket is not None)
+        if too_long is not None:
+            raise too_long
         # Every descriptor made here is held by an object that closes it when collected
         # (the socket, the wake-up socket pair below): one that an interruption drops
         # before it is stored is closed with it.  Whatever fails or is interrupted (a
@@ -2233,8 +2281,9 @@ class Client:
                 raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
                                       "no connections)" % (self._socket_path, timeout)) \
                     from None
-            raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
-                                       % (self._socket_path, e.strerror or e)) from None
+            raise _errors.ConnectError("cannot connect to dspkd at %s: %s%s"
+                                       % (self._socket_path, e.strerror or e,
+                                          _not_a_socket(self._socket_path))) from None
         self._sock = sock
         # The process that connected: a child of fork() shares the socket and the
         # daemon's buffers with it, and must touch neither (_forked).
