@@ -1555,8 +1555,8 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
     64 bits (-2^63 to 2^64-1) as that int, which the daemon rounds once to the type the
     op uses; a float64 or narrower float as it is; any other value (a longdouble, an
     int beyond 64 bits, a Fraction, another numbers.Real) rounded once from its exact
-    value to the nearest f32 when ``f32`` (the op computes in f32), else to the nearest
-    float64.  Never an int or longdouble through float64 on its way to f32: that rounds
+    value (_exact_ratio: never its float(), which need not agree) to the nearest f32
+    when ``f32`` (the op computes in f32), else to the nearest float64.  Never an int or longdouble through float64 on its way to f32: that rounds
     twice (2**53 + 2**29 + 1 became the tie 2**53 + 2**29, then 2**53, not 2**53 +
     2**30).  A value no float64 holds is InvalidArgument whatever the op's type."""
     if type(v) is float:
@@ -1570,22 +1570,37 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
         v = n
     elif isinstance(v, (float, np.floating)) and np.dtype(type(v)).itemsize <= 8:
         return _number(name, v)  # exact (a float subclass's __float__ may raise: named)
-    # float() of an int, Fraction, longdouble or other real: one rounding, and the
-    # InvalidArgument of a value beyond float64 (also for an f32 op: never ERANGE for
-    # a value the caller did not pass)
+    # float() of an int, Fraction, longdouble or other real: NaN and the infinities,
+    # and the InvalidArgument of a value beyond float64 (also for an f32 op: never
+    # ERANGE for a value the caller did not pass)
     f64 = _number(name, v)
-    if not f32 or math.isnan(f64) or math.isinf(f64):
+    if math.isnan(f64) or math.isinf(f64):
         return f64
-    # To odd at float64's precision from the exact value, then to nearest at f32's:
-    # one rounding (as to_bfloat16).
-    if isinstance(v, np.floating):
+    if isinstance(v, np.floating):  # a longdouble: float() rounds it once, exactly
+        if not f32:
+            return f64
+        # To odd at float64's precision, then to nearest at f32's: one rounding (as
+        # to_bfloat16).
         d = float(_dtypes._f64_round_to_odd_wide(np.array([v]))[0])
     else:
+        # Any other real from its exact value (float() of another library's type
+        # need not be its nearest float64, nor say the same as its ratio).
         exact = _exact_ratio(name, v)
         if exact is None:  # a real type with no exact ratio: through its float()
+            if not f32:
+                return f64
             d = f64
+        elif not f32:
+            try:
+                return float(exact)  # int / int: correctly rounded, once
+            except OverflowError:
+                raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
+                                              % (name, _kind(v))) from None
         else:
             d = float(_dtypes._python_reals(np.array([exact], dtype=object))[0])
+            if math.isinf(d):  # rounded to odd from beyond float64
+                raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
+                                              % (name, _kind(v)))
     with np.errstate(over="ignore"):
         f = float(np.float32(d))
     # beyond f32's range: the double itself, which the daemon refuses (ERANGE)
@@ -1604,23 +1619,37 @@ def _zero_as_used(v: Union[int, float], f32: bool) -> bool:
 
 def _exact_ratio(name: str, v: Any) -> Optional[fractions.Fraction]:
     """The exact value of a real number v that is neither a float nor a numpy scalar:
-    an int, a numbers.Rational (Fraction), or a type with ``as_integer_ratio()`` (as
-    float, decimal and gmpy2's types have); None for a real type with none of these.
-    What the object's methods raise is InvalidArgument naming ``name``."""
+    an int, a numbers.Rational (Fraction), a type with ``as_integer_ratio()`` (as
+    float, decimal and gmpy2's types have), else one with integer ``numerator`` and
+    ``denominator`` attributes; None for a real type with none of these.  What the
+    object's methods raise is InvalidArgument naming ``name``, and so is a ratio that
+    is not two integers (the denominator more than 0)."""
     if isinstance(v, int):
         return fractions.Fraction(v)
     if isinstance(v, numbers.Rational):
         return user_code(name, lambda: fractions.Fraction(int(v.numerator),
                                                           int(v.denominator)))
     ratio = user_code(name, getattr, v, "as_integer_ratio", None)
-    if ratio is None:
-        return None
-    nd = user_code(name, ratio)
+    if ratio is not None:
+        nd = user_code(name, ratio)
+        what = "as_integer_ratio() gave"
+    else:
+        num = user_code(name, getattr, v, "numerator", None)
+        den = user_code(name, getattr, v, "denominator", None)
+        if num is None or den is None:
+            return None
+        nd = (num, den)
+        what = "numerator and denominator are"
     if not (isinstance(nd, tuple) and len(nd) == 2 and
-            all(isinstance(x, int) and not isinstance(x, bool) for x in nd) and nd[1] > 0):
-        raise _errors.InvalidArgument("%s: %s.as_integer_ratio() gave %s, not two ints"
-                                      % (name, type(v).__name__, _kind(nd)))
-    return fractions.Fraction(nd[0], nd[1])
+            all(isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+                for x in nd)):
+        raise _errors.InvalidArgument("%s: %s.%s %s, not two ints"
+                                      % (name, type(v).__name__, what, _kind(nd)))
+    n, d = user_code(name, int, nd[0]), user_code(name, int, nd[1])
+    if d <= 0:
+        raise _errors.InvalidArgument("%s: %s.%s %d and %d, not a denominator of 1 or "
+                                      "more" % (name, type(v).__name__, what, n, d))
+    return fractions.Fraction(n, d)
 
 
 def _f32_op(op: str, x: Any) -> bool:
