@@ -342,12 +342,13 @@ class _Job:
 
 
 class _Runner:
-    """A client thread started by _launch: its token, and the ident it runs on (0 until
-    it runs)."""
-    __slots__ = ("ident",)
+    """A client thread started by _launch: its token, the ident it runs on (0 until it
+    runs), and the process that launched it (a child of fork() has no such thread)."""
+    __slots__ = ("ident", "pid")
 
     def __init__(self) -> None:
         self.ident = 0
+        self.pid = os.getpid()
 
 
 def _launch(fn: Callable[..., None], *args: Any) -> None:
@@ -2423,7 +2424,8 @@ class Client:
         self._cb_cond = threading.Condition(self._cb_lock)
         self._cb_queue: "collections.deque[Tuple[Callable[..., Any], Tuple[Any, ...]]]" = \
             collections.deque()
-        self._cb_thread: Optional[threading.Thread] = None
+        # The callbacks thread's token (_Runner): set while one runs or is launched.
+        self._cb_thread: Optional[_Runner] = None
         # Progress calls queued per future (by id): its settle waits behind them, so
         # that progress is always called before the future completes.
         self._cb_progress: Dict[int, int] = {}
@@ -3540,23 +3542,31 @@ class Client:
 
     def _post(self, fn: Callable[..., Any], args: Tuple[Any, ...]) -> None:
         """Queues ``fn(*args)`` (which keeps what it raises) for the dspk-callbacks
-        thread, starting it where none runs.  Where no thread can be started, the
-        queue is run here (the thread completing the future, as before)."""
+        thread, launching it where none runs or is launched (by _launch, as the reader
+        and the worker: threading.Thread.start() waits for the new thread in Python
+        code, and a signal handler's exception there, on the main thread reading the
+        connection, left that thread blocked for ever in its Event.set(), listed by
+        threading.enumerate()).  The token is set once the launch returned, or by the
+        thread itself where an interruption cut that (_callbacks_main).  Where no
+        thread can be started, the queue is run here (the thread completing the
+        future, as before)."""
         with self._cb_lock:
             self._cb_queue.append((fn, args))
             self._cb_cond.notify_all()
-            if self._cb_thread is not None and self._cb_thread.is_alive():
-                return  # (one of the parent's, in a child of fork(), is not)
-            t = self._cb_thread = threading.Thread(target=self._callbacks_main,
-                                                   daemon=True, name="dspk-callbacks")
-        try:
-            t.start()
-        except RuntimeError:  # "can't start new thread"
-            with self._cb_lock:
-                if self._cb_thread is t:
-                    self._cb_thread = None
-            while self._run_one_callback():
+            t = self._cb_thread
+            if t is not None and t.pid == os.getpid():
+                return  # (one of the parent's, in a child of fork(), runs not here)
+            token = _Runner()
+            try:
+                _launch(self._callbacks_main, token)
+            except RuntimeError:  # "can't start new thread"
                 pass
+            else:
+                if self._cb_thread is t:  # (not taken up by the thread meanwhile)
+                    self._cb_thread = token
+                return
+        while self._run_one_callback():
+            pass
 
     def _run_one_callback(self) -> bool:
         """Runs the first queued callback here; False when none was queued."""
@@ -3570,21 +3580,45 @@ class Client:
             pass
         return True
 
-    def _callbacks_main(self) -> None:
+    def _callbacks_main(self, token: _Runner) -> None:
         """The dspk-callbacks thread: runs the queue in order, and ends when it is
-        empty (the next _post() starts another)."""
-        me = threading.current_thread()
-        while True:
+        empty (the next _post() launches another), or when another thread is the
+        callbacks thread (two launched where an interruption cut the storing of the
+        first one's token: one runs the queue).  Takes up the work where no thread
+        has (its launch's caller was interrupted before it set the token).
+
+        It is named "dspk-callbacks" for the callbacks it runs
+        (threading.current_thread().name): started by _thread, its Thread object is
+        the dummy threading makes on the first current_thread(), which stays in
+        threading's table of running threads when the thread ends (listed by
+        threading.enumerate() as alive for good): it is taken out as the thread
+        ends.  No signal handler runs on this thread, so nothing cuts that."""
+        me = token.ident = _thread.get_ident()
+        this = threading.current_thread()
+        this.name = "dspk-callbacks"
+        try:
             with self._cb_lock:
-                if not self._cb_queue:
-                    if self._cb_thread is me:
-                        self._cb_thread = None
-                    return
-            self._run_one_callback()
+                t = self._cb_thread
+                if t is None or t.pid != token.pid:
+                    self._cb_thread = token
+            while True:
+                with self._cb_lock:
+                    if not self._cb_queue or self._cb_thread is not token:
+                        if self._cb_thread is token:
+                            self._cb_thread = None
+                        return
+                self._run_one_callback()
+        finally:
+            active = getattr(threading, "_active", None)
+            guard = getattr(threading, "_active_limbo_lock", None)
+            if isinstance(active, dict) and guard is not None:
+                with guard:
+                    if active.get(me) is this:
+                        del active[me]
 
     def _is_callbacks_thread(self) -> bool:
         t = self._cb_thread
-        return t is not None and t is threading.current_thread()
+        return t is not None and t.ident == _thread.get_ident()
 
     def _callbacks_wait(self, fut: concurrent.futures.Future,
                         timeout: Optional[float]) -> None:

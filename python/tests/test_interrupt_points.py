@@ -879,6 +879,61 @@ def test_an_interrupted_submit_leaves_no_reader_reading_for_ever(daemon):
     c.close()
 
 
+def test_an_interrupted_start_of_the_callbacks_thread_leaves_no_thread_behind(client):
+    """The dspk-callbacks thread was started by threading.Thread.start(), which waits
+    for the new thread in Python code (an Event): an interruption there, on the main
+    thread completing a future (reading the connection itself), could leave that
+    thread blocked for ever in its Event.set(), listed by threading.enumerate().  Now
+    it is launched as the reader and the worker are (one C call, a token set once it
+    returned, the thread taking up the work itself otherwise), and named
+    "dspk-callbacks" as it starts.  At every point of the client's and threading's
+    code in turn as a future with a done-callback completes on the main thread (and
+    is settled once more after an interruption, as the client's reading does), the
+    callback runs on a thread named dspk-callbacks, which ends, and no thread is left
+    running or listed by threading.enumerate()."""
+    import concurrent.futures
+    import weakref
+    gc.collect()
+    before = _threads()
+    listed = set(threading.enumerate())
+    hit = 0
+    for n in range(100000):
+        names = []
+        ran = threading.Event()
+
+        def cb(f, names=names, ran=ran):
+            names.append(threading.current_thread().name)
+            ran.set()
+
+        f = dspk.TaskFuture()
+        f._owner = weakref.ref(client)
+        f.add_done_callback(cb)
+        prof, seen = _interrupt_in_files(n, {CLIENT_FILE, threading.__file__})
+        sys.setprofile(prof)
+        try:
+            f.set_result(4)
+        except _Injected:
+            hit += 1
+        finally:
+            sys.setprofile(None)
+        try:
+            f.set_result(4)  # settled once more: the callbacks not run yet run
+        except concurrent.futures.InvalidStateError:
+            pass
+        assert ran.wait(TIMEOUT), (n, seen[1:])
+        assert names and set(names) == {"dspk-callbacks"}, (n, seen[1:], names)
+        deadline = time.monotonic() + TIMEOUT / 4
+        while (_threads() > before or set(threading.enumerate()) != listed) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _threads() <= before, ("a thread stays behind", n, seen[1:])
+        assert set(threading.enumerate()) == listed, (n, seen[1:], threading.enumerate())
+        if seen[0] <= n:
+            break
+    assert hit > 20, hit
+    assert client.ping() > 0
+
+
 @pytest.mark.parametrize("limits", ["default", "64K"])
 def test_an_interrupted_to_device_leaves_no_buffer(daemon, small_daemon, limits):
     """to_device() interrupted once its buffer.create was answered, before the
