@@ -29,6 +29,7 @@ import numbers
 import os
 import select
 import socket as _socket
+import stat as _stat
 import sys
 import threading
 import time
@@ -341,12 +342,13 @@ class _Job:
 
 
 class _Runner:
-    """A client thread started by _launch: its token, and the ident it runs on (0 until
-    it runs)."""
-    __slots__ = ("ident",)
+    """A client thread started by _launch: its token, the ident it runs on (0 until it
+    runs), and the process that launched it (a child of fork() has no such thread)."""
+    __slots__ = ("ident", "pid")
 
     def __init__(self) -> None:
         self.ident = 0
+        self.pid = os.getpid()
 
 
 def _launch(fn: Callable[..., None], *args: Any) -> None:
@@ -605,7 +607,7 @@ class _TempList(list):  # of _Temp
         if fut is None:
             if not self.ended:
                 return None  # _run is still making or sending the task
-            sent = [f for f in self.owner if f.sent]
+            sent = [f for f in self.owner if f._sent]
             if not sent:
                 return 1
             fut = sent[-1]
@@ -630,6 +632,48 @@ def default_socket() -> str:
     return "/run/dspk/dspkd.sock"
 
 
+# Bytes of a Unix socket's path: sun_path (108) less its terminating NUL, as
+# libdspkclient and dspk-submit take it (cli.md).
+_SOCKET_PATH_MAX = 107
+
+
+def _socket_path_error(path: str, given: bool) -> Optional[Error]:
+    """dspk.LimitExceeded (ELIMIT, as libdspkclient and dspk-submit say it) for a socket
+    path longer than _SOCKET_PATH_MAX bytes, naming where it came from (``given``: the
+    caller's ``socket``; else $DSPK_SOCKET or the default); None for one that fits.
+    A str that has no bytes form (a lone surrogate) is left to connect()."""
+    try:
+        n = len(os.fsencode(path))
+    except UnicodeError:
+        return None
+    if n <= _SOCKET_PATH_MAX:
+        return None
+    whence = "socket path from socket=" if given else \
+        "socket path from $DSPK_SOCKET" if os.environ.get("DSPK_SOCKET") else \
+        "default socket path"
+    return _errors.LimitExceeded("cannot connect to dspkd at %s: %s longer than %d bytes "
+                                 "(%d bytes)" % (path, whence, _SOCKET_PATH_MAX, n))
+
+
+def _not_a_socket(path: str) -> str:
+    """For connect()'s error: where ``path`` is there but is no socket, what it is
+    ("; /tmp/x is a regular file, not a socket: ..."), as dspk-submit says it; else
+    "" (no such path, a socket, or one stat() cannot look at)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return ""
+    if _stat.S_ISSOCK(mode):
+        return ""
+    kind = "a directory" if _stat.S_ISDIR(mode) else \
+        "a FIFO" if _stat.S_ISFIFO(mode) else \
+        "a regular file" if _stat.S_ISREG(mode) else \
+        "a character device" if _stat.S_ISCHR(mode) else \
+        "a block device" if _stat.S_ISBLK(mode) else "a file of another kind"
+    return "; %s is %s, not a socket: check connect()'s socket and $DSPK_SOCKET" \
+        % (path, kind)
+
+
 @_public
 def connect(socket: Optional[SocketPath] = None, *,
             name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
@@ -647,8 +691,10 @@ def connect(socket: Optional[SocketPath] = None, *,
             with :class:`dspk.Closed`).  Futures of submit() wait as their result() says.
 
     Raises:
-        dspk.ConnectError: no daemon listens there.
-        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pair
+        dspk.ConnectError: no daemon listens there (with what the path is when it is
+            there but is no socket: a regular file, a directory...).
+        dspk.LimitExceeded: a socket path longer than 107 bytes (ELIMIT, naming where
+            it came from: socket=, $DSPK_SOCKET or the default); no file descriptor for the socket or the wake-up pair
             (EMFILE, ENFILE); other OSErrors of making them as python.md's Errors
             says (never a bare OSError).
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
@@ -802,7 +848,9 @@ class TaskFuture(concurrent.futures.Future):
     _msgid: int = 0
     # Its request is written whole (set with no call after the last byte's count, so
     # that an interruption after that point still finds it): an answer will come.
-    sent: bool = False
+    # Read by the client as this attribute (no call: an interruption cannot skip the
+    # reading), by the user as the read-only ``sent``.
+    _sent: bool = False
     # The Client that sent it: a msgid means something on its connection only.
     _owner: "Optional[weakref.ref[Client]]" = None
     # A submit() handed to the client's worker thread: its job (msgid is 0 until the
@@ -821,6 +869,12 @@ class TaskFuture(concurrent.futures.Future):
     def msgid(self) -> int:
         """Its request's id (read-only; 0 until a worker's submit() sent its task)."""
         return self._msgid
+
+    @property
+    def sent(self) -> bool:
+        """Whether its request was written whole to the socket (read-only: the client
+        goes by it to know whether an answer will come)."""
+        return self._sent
 
     def _locked(self) -> Any:
         """The future's lock, for a ``with`` block.  On the main thread (the one that
@@ -1094,31 +1148,44 @@ class TaskFuture(concurrent.futures.Future):
         """As concurrent.futures.Future's; the wait is outside the future's lock (see
         _wait_done), which is then taken for the result only.  A timeout that is not
         None or a real number is a TypeError, NaN a ValueError, as the wait of
-        concurrent.futures would have them, said before any wait."""
-        _check_wait_timeout(timeout)
-        if not self._wait_done(self._pump(timeout)):
+        concurrent.futures would have them, said before any wait; any real number is
+        taken (a numpy float32, a Fraction)."""
+        if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
             raise concurrent.futures.TimeoutError()
         return super().result(0)
 
     @_untraced
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
-        _check_wait_timeout(timeout)
-        if not self._wait_done(self._pump(timeout)):
+        if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
             raise concurrent.futures.TimeoutError()
         return super().exception(0)
 
 
-def _check_wait_timeout(timeout: Any) -> None:
-    """Refuses a future's wait timeout that is not None or a real number (a bool is
-    one, as it is to concurrent.futures), or that is NaN."""
+def _check_wait_timeout(timeout: Any) -> Optional[float]:
+    """A future's wait timeout as the waits take it: None (for ever, also for one
+    above _TIMEOUT_FOREVER, 10**400 or inf), else a float of 0 or more (0: do not
+    wait).  Any real number is taken (a bool is one, as it is to concurrent.futures;
+    a numpy float32, a Fraction: a lock's acquire() takes only a float or an int, and
+    refused them with "cannot be interpreted as an integer"); another type is a
+    TypeError and NaN a ValueError."""
     if timeout is None:
-        return
+        return None
     if not isinstance(timeout, numbers.Real):
         raise TypeError("timeout: seconds (a real number) or None, not %s"
                         % type(timeout).__name__)
     if timeout != timeout:  # NaN, of whatever real type
         raise ValueError("timeout: NaN is not a number of seconds")
+    if isinstance(timeout, numbers.Integral):
+        seconds = int(timeout)  # 10**400 too, which no float holds
+        return None if seconds > _TIMEOUT_FOREVER else float(max(seconds, 0))
+    try:
+        f = float(timeout)
+    except OverflowError:  # a Fraction (or another real) beyond float64
+        f = math.inf if timeout > 0 else -math.inf
+    if f != f:  # NaN by float() of a real type that compares as a number
+        raise ValueError("timeout: NaN is not a number of seconds")
+    return None if f > _TIMEOUT_FOREVER else max(f, 0.0)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
@@ -1316,8 +1383,8 @@ class DeviceArray:
         self._device = device
         self._shape = tuple(int(n) for n in shape)
         self._dtype = np.dtype(dtype)
-        self.offset = offset
-        self.size_bytes = size if size is not None else self.nbytes
+        self._offset = offset
+        self._size_bytes = size if size is not None else self.nbytes
         self._freed = False
 
     @property
@@ -1346,12 +1413,27 @@ class DeviceArray:
         return self._dtype
 
     @property
+    def offset(self) -> int:
+        """The tensor's first byte in the buffer (read-only): 0 for a DeviceArray of
+        ``empty()`` or ``to_device()``; where the daemon's answer names it, for a
+        result in a buffer (a kernel's)."""
+        return self._offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the buffer (read-only): the ``size`` of the daemon's answer to
+        ``buffer.create`` for a DeviceArray of ``empty()`` or ``to_device()``, else
+        ``nbytes``."""
+        return self._size_bytes
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of the tensor (product of the shape times the item size)."""
+        """Bytes of the tensor (product of the shape times the item size; read-only)."""
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def ndim(self) -> int:
+        """The number of axes, len(shape) (read-only)."""
         return len(self.shape)
 
     @_public
@@ -1391,7 +1473,7 @@ class DeviceArray:
                                    "its with-block)" % (what, self.buffer))
 
     def _ref(self) -> Dict[str, Any]:
-        return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
+        return {"buffer": self._buffer, "offset": self._offset, "dtype": wire_name(self._dtype),
                 "shape": list(self.shape)}
 
     def __enter__(self) -> "DeviceArray":
@@ -1474,8 +1556,8 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
     64 bits (-2^63 to 2^64-1) as that int, which the daemon rounds once to the type the
     op uses; a float64 or narrower float as it is; any other value (a longdouble, an
     int beyond 64 bits, a Fraction, another numbers.Real) rounded once from its exact
-    value to the nearest f32 when ``f32`` (the op computes in f32), else to the nearest
-    float64.  Never an int or longdouble through float64 on its way to f32: that rounds
+    value (_exact_ratio: never its float(), which need not agree) to the nearest f32
+    when ``f32`` (the op computes in f32), else to the nearest float64.  Never an int or longdouble through float64 on its way to f32: that rounds
     twice (2**53 + 2**29 + 1 became the tie 2**53 + 2**29, then 2**53, not 2**53 +
     2**30).  A value no float64 holds is InvalidArgument whatever the op's type."""
     if type(v) is float:
@@ -1489,22 +1571,37 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
         v = n
     elif isinstance(v, (float, np.floating)) and np.dtype(type(v)).itemsize <= 8:
         return _number(name, v)  # exact (a float subclass's __float__ may raise: named)
-    # float() of an int, Fraction, longdouble or other real: one rounding, and the
-    # InvalidArgument of a value beyond float64 (also for an f32 op: never ERANGE for
-    # a value the caller did not pass)
+    # float() of an int, Fraction, longdouble or other real: NaN and the infinities,
+    # and the InvalidArgument of a value beyond float64 (also for an f32 op: never
+    # ERANGE for a value the caller did not pass)
     f64 = _number(name, v)
-    if not f32 or math.isnan(f64) or math.isinf(f64):
+    if math.isnan(f64) or math.isinf(f64):
         return f64
-    # To odd at float64's precision from the exact value, then to nearest at f32's:
-    # one rounding (as to_bfloat16).
-    if isinstance(v, np.floating):
+    if isinstance(v, np.floating):  # a longdouble: float() rounds it once, exactly
+        if not f32:
+            return f64
+        # To odd at float64's precision, then to nearest at f32's: one rounding (as
+        # to_bfloat16).
         d = float(_dtypes._f64_round_to_odd_wide(np.array([v]))[0])
     else:
+        # Any other real from its exact value (float() of another library's type
+        # need not be its nearest float64, nor say the same as its ratio).
         exact = _exact_ratio(name, v)
         if exact is None:  # a real type with no exact ratio: through its float()
+            if not f32:
+                return f64
             d = f64
+        elif not f32:
+            try:
+                return float(exact)  # int / int: correctly rounded, once
+            except OverflowError:
+                raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
+                                              % (name, _kind(v))) from None
         else:
             d = float(_dtypes._python_reals(np.array([exact], dtype=object))[0])
+            if math.isinf(d):  # rounded to odd from beyond float64
+                raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
+                                              % (name, _kind(v)))
     with np.errstate(over="ignore"):
         f = float(np.float32(d))
     # beyond f32's range: the double itself, which the daemon refuses (ERANGE)
@@ -1523,23 +1620,37 @@ def _zero_as_used(v: Union[int, float], f32: bool) -> bool:
 
 def _exact_ratio(name: str, v: Any) -> Optional[fractions.Fraction]:
     """The exact value of a real number v that is neither a float nor a numpy scalar:
-    an int, a numbers.Rational (Fraction), or a type with ``as_integer_ratio()`` (as
-    float, decimal and gmpy2's types have); None for a real type with none of these.
-    What the object's methods raise is InvalidArgument naming ``name``."""
+    an int, a numbers.Rational (Fraction), a type with ``as_integer_ratio()`` (as
+    float, decimal and gmpy2's types have), else one with integer ``numerator`` and
+    ``denominator`` attributes; None for a real type with none of these.  What the
+    object's methods raise is InvalidArgument naming ``name``, and so is a ratio that
+    is not two integers (the denominator more than 0)."""
     if isinstance(v, int):
         return fractions.Fraction(v)
     if isinstance(v, numbers.Rational):
         return user_code(name, lambda: fractions.Fraction(int(v.numerator),
                                                           int(v.denominator)))
     ratio = user_code(name, getattr, v, "as_integer_ratio", None)
-    if ratio is None:
-        return None
-    nd = user_code(name, ratio)
+    if ratio is not None:
+        nd = user_code(name, ratio)
+        what = "as_integer_ratio() gave"
+    else:
+        num = user_code(name, getattr, v, "numerator", None)
+        den = user_code(name, getattr, v, "denominator", None)
+        if num is None or den is None:
+            return None
+        nd = (num, den)
+        what = "numerator and denominator are"
     if not (isinstance(nd, tuple) and len(nd) == 2 and
-            all(isinstance(x, int) and not isinstance(x, bool) for x in nd) and nd[1] > 0):
-        raise _errors.InvalidArgument("%s: %s.as_integer_ratio() gave %s, not two ints"
-                                      % (name, type(v).__name__, _kind(nd)))
-    return fractions.Fraction(nd[0], nd[1])
+            all(isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+                for x in nd)):
+        raise _errors.InvalidArgument("%s: %s.%s %s, not two ints"
+                                      % (name, type(v).__name__, what, _kind(nd)))
+    n, d = user_code(name, int, nd[0]), user_code(name, int, nd[1])
+    if d <= 0:
+        raise _errors.InvalidArgument("%s: %s.%s %d and %d, not a denominator of 1 or "
+                                      "more" % (name, type(v).__name__, what, n, d))
+    return fractions.Fraction(n, d)
 
 
 def _f32_op(op: str, x: Any) -> bool:
@@ -2136,16 +2247,16 @@ class Client:
                 raise _errors.InvalidArgument(
                     "socket: expected a path, got %s whose __fspath__() gives no str "
                     "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
-        self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
-        if not self.socket_path:
+        self._socket_path = os.fsdecode(socket) if socket is not None else default_socket()
+        if not self._socket_path:
             raise _errors.ConnectError("cannot connect to dspkd: the socket path is empty "
                                        "(socket=None takes the default, "
                                        "dspk.default_socket())")
-        if "\0" in self.socket_path:
+        if "\0" in self._socket_path:
             # The kernel would take the path up to its first NUL (and one that starts
             # with a NUL names an abstract socket): another socket than the one meant.
             raise _errors.InvalidArgument("socket: the path %r holds a NUL character"
-                                          % self.socket_path)
+                                          % self._socket_path)
         timeout = _check_timeout(timeout)
         if name is not None:
             _string("name", name)
@@ -2158,6 +2269,9 @@ class Client:
                                               % e.reason) from None
         self._timeout: Optional[float] = timeout
         self._env_job = _env_job()  # before connecting: a malformed $DSPK_JOB is the caller's
+        too_long = _socket_path_error(self._socket_path, socket is not None)
+        if too_long is not None:
+            raise too_long
         # Every descriptor made here is held by an object that closes it when collected
         # (the socket, the wake-up socket pair below): one that an interruption drops
         # before it is stored is closed with it.  Whatever fails or is interrupted (a
@@ -2186,7 +2300,7 @@ class Client:
         timeout = self.timeout
         try:
             if timeout is None:
-                sock.connect(self.socket_path)
+                sock.connect(self._socket_path)
             else:
                 self._connect_before(sock, time.monotonic() + timeout)
         except BaseException as e:
@@ -2195,10 +2309,11 @@ class Client:
                 raise  # a signal handler's exception (KeyboardInterrupt...): the caller's
             if isinstance(e, TimeoutError):
                 raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
-                                      "no connections)" % (self.socket_path, timeout)) \
+                                      "no connections)" % (self._socket_path, timeout)) \
                     from None
-            raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
-                                       % (self.socket_path, e.strerror or e)) from None
+            raise _errors.ConnectError("cannot connect to dspkd at %s: %s%s"
+                                       % (self._socket_path, e.strerror or e,
+                                          _not_a_socket(self._socket_path))) from None
         self._sock = sock
         # The process that connected: a child of fork() shares the socket and the
         # daemon's buffers with it, and must touch neither (_forked).
@@ -2287,8 +2402,15 @@ class Client:
         # code, where one could leave the lock held, the worker then blocked for ever).
         self._work_lock = threading.RLock()  # an RLock: see _wait_in
         self._work_cond = threading.Condition(self._work_lock)
+        # The jobs queued: submit() appends one in a single C call (deque.append), so
+        # that an interruption never leaves a job queued but uncounted, or counted but
+        # not queued (a separate count raised after the append was cut there: the
+        # job was later run and the count went below 0, and every call then waited
+        # for "the submit()s made before it" for ever).
         self._jobs: "collections.deque[_Job]" = collections.deque()
-        self._jobs_pending = 0           # jobs queued or running whose task is unsent
+        # Jobs taken by the worker whose task is not sent yet: changed by the worker's
+        # thread only (no signal handler runs there), under _work_lock.
+        self._jobs_running = 0
         # The worker's token (_Runner): set while one runs or is launched.  Whoever
         # finds jobs queued and none (an interruption cut a launch) launches one
         # (_ensure_worker_locked: submit(), the calls that wait for the jobs, result()).
@@ -2302,7 +2424,8 @@ class Client:
         self._cb_cond = threading.Condition(self._cb_lock)
         self._cb_queue: "collections.deque[Tuple[Callable[..., Any], Tuple[Any, ...]]]" = \
             collections.deque()
-        self._cb_thread: Optional[threading.Thread] = None
+        # The callbacks thread's token (_Runner): set while one runs or is launched.
+        self._cb_thread: Optional[_Runner] = None
         # Progress calls queued per future (by id): its settle waits behind them, so
         # that progress is always called before the future completes.
         self._cb_progress: Dict[int, int] = {}
@@ -2344,7 +2467,7 @@ class Client:
         pause = 0.001
         while True:
             try:
-                sock.connect(self.socket_path)
+                sock.connect(self._socket_path)
                 break
             except (BlockingIOError, InterruptedError):
                 left = deadline - time.monotonic()
@@ -2456,7 +2579,7 @@ class Client:
 
     def __repr__(self) -> str:
         return "Client(socket=%r, client_id=%r%s)" % (
-            getattr(self, "socket_path", None), getattr(self, "client_id", None),
+            getattr(self, "_socket_path", None), getattr(self, "_client_id", None),
             ", closed" if getattr(self, "_closed", None) is not None else "")
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -2479,7 +2602,15 @@ class Client:
             pass
 
     @property
+    def socket_path(self) -> str:
+        """The path of the daemon's socket this client connected to, as a str
+        (os.fsdecode of a bytes path; read-only)."""
+        return self._socket_path
+
+    @property
     def closed(self) -> bool:
+        """Whether the connection is closed: close(), a lost connection, or a child of
+        fork() (read-only)."""
         return self._closed is not None or self._forked()
 
     @property
@@ -2672,7 +2803,7 @@ class Client:
                     continue
                 sent = base + sum(counts)
                 if sent == total and mark is not None:
-                    mark.sent = True
+                    mark._sent = True
                 anc = []
                 while n and views:
                     if n >= views[0].nbytes:
@@ -2704,7 +2835,7 @@ class Client:
             sent = base + sum(counts)
             inside = len(counts) < calls  # raised by the send call itself
             if sent == total and not inside and mark is not None:
-                mark.sent = True
+                mark._sent = True
             if inside and sent < total:
                 self._cut(_errors.Closed(
                     "a request was cut by %s inside a send system call, after %d of its "
@@ -2865,7 +2996,7 @@ class Client:
                deadline: Any = _EACH) -> TaskFuture:
         """Sends a request; returns its future.  ``owner``: a list of the caller's
         that gets the future before anything is sent, so that when an exception
-        (KeyboardInterrupt) comes after the request went out whole (``fut.sent``),
+        (KeyboardInterrupt) comes after the request went out whole (``fut._sent``),
         the caller can still attach what its answer owes (a buffer to free, shared
         temporaries to give back): such a future stays pending and is completed by
         its answer."""
@@ -2876,25 +3007,34 @@ class Client:
         fut._owner = weakref.ref(self)
         if owner is not None:
             owner += [fut]
-        with self._lock:
-            if self._closed is not None:
-                raise self._closed_error()
-            msgid = self._next_id
-            while msgid in self._pending:
-                msgid = msgid % 0xFFFFFFFF + 1
-            self._next_id = msgid % 0xFFFFFFFF + 1
-            fut._msgid = msgid
-            self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
-            if into is not None:  # buffer.read: its answer's bytes go straight to `into`
-                n = into.nbytes
-                self._direct[msgid] = (
-                    b"\x94\x01" + msgpack.packb(msgid) + b"\xc0\x81\xa4data" +
-                    (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else
-                     b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else
-                     b"\xc6" + n.to_bytes(4, "big")), into)
-            if is_async:
-                self._async += 1
+        # The request's entries (its _Call, its direct read, its count of pending
+        # submit() futures) are made inside the try whose except takes them back, each
+        # marked made with no call between the store and the mark: an interruption at
+        # any call here (CPython runs a handler as a C call returns) leaves none of
+        # them behind for a request never sent (a count of pending futures left raised
+        # kept a reader thread reading for ever).
+        msgid = 0
+        counted = False
         try:
+            with self._lock:
+                if self._closed is not None:
+                    raise self._closed_error()
+                msgid = self._next_id
+                while msgid in self._pending:
+                    msgid = msgid % 0xFFFFFFFF + 1
+                self._next_id = msgid % 0xFFFFFFFF + 1
+                fut._msgid = msgid
+                if is_async:
+                    self._async += 1
+                    counted = True
+                self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
+                if into is not None:  # buffer.read: its answer's bytes go straight to `into`
+                    n = into.nbytes
+                    self._direct[msgid] = (
+                        b"\x94\x01" + msgpack.packb(msgid) + b"\xc0\x81\xa4data" +
+                        (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else
+                         b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else
+                         b"\xc6" + n.to_bytes(4, "big")), into)
             chunks = self._encode([0, msgid, method, [args] if args is not None else []],
                                   bigs or [])
             size = sum(memoryview(c).nbytes for c in chunks)
@@ -2906,7 +3046,7 @@ class Client:
                     % (method, size, self.max_message))
             self._send_chunks(chunks, fds, fut, deadline)
         except BaseException:  # KeyboardInterrupt too
-            if fut.sent:
+            if fut._sent:
                 # Written whole: its answer will come and complete the future (the
                 # caller attaches what it owes through ``owner``).
                 if is_async:
@@ -2914,9 +3054,12 @@ class Client:
                     self._ensure_reader()
                 raise
             with self._lock:  # nothing will answer it
-                self._pending.pop(msgid, None)
-                self._direct.pop(msgid, None)
-                if is_async:
+                # (an interruption in the search for a free msgid leaves another
+                # call's there: only this one's entries go)
+                if getattr(self._pending.get(msgid), "future", None) is fut:
+                    self._pending.pop(msgid, None)
+                    self._direct.pop(msgid, None)
+                if counted:
                     self._async -= 1
             raise
         if is_async:
@@ -2963,7 +3106,7 @@ class Client:
                     raise
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
                 for fut in owner:  # a request sent whole: its buffer is freed when made
-                    if fut.sent:
+                    if fut._sent:
                         self._orphans += [fut]  # first, and no call: nothing can lose it
                         fut._add_inline(self._orphaned_buffer)
                 raise
@@ -3399,23 +3542,31 @@ class Client:
 
     def _post(self, fn: Callable[..., Any], args: Tuple[Any, ...]) -> None:
         """Queues ``fn(*args)`` (which keeps what it raises) for the dspk-callbacks
-        thread, starting it where none runs.  Where no thread can be started, the
-        queue is run here (the thread completing the future, as before)."""
+        thread, launching it where none runs or is launched (by _launch, as the reader
+        and the worker: threading.Thread.start() waits for the new thread in Python
+        code, and a signal handler's exception there, on the main thread reading the
+        connection, left that thread blocked for ever in its Event.set(), listed by
+        threading.enumerate()).  The token is set once the launch returned, or by the
+        thread itself where an interruption cut that (_callbacks_main).  Where no
+        thread can be started, the queue is run here (the thread completing the
+        future, as before)."""
         with self._cb_lock:
             self._cb_queue.append((fn, args))
             self._cb_cond.notify_all()
-            if self._cb_thread is not None and self._cb_thread.is_alive():
-                return  # (one of the parent's, in a child of fork(), is not)
-            t = self._cb_thread = threading.Thread(target=self._callbacks_main,
-                                                   daemon=True, name="dspk-callbacks")
-        try:
-            t.start()
-        except RuntimeError:  # "can't start new thread"
-            with self._cb_lock:
-                if self._cb_thread is t:
-                    self._cb_thread = None
-            while self._run_one_callback():
+            t = self._cb_thread
+            if t is not None and t.pid == os.getpid():
+                return  # (one of the parent's, in a child of fork(), runs not here)
+            token = _Runner()
+            try:
+                _launch(self._callbacks_main, token)
+            except RuntimeError:  # "can't start new thread"
                 pass
+            else:
+                if self._cb_thread is t:  # (not taken up by the thread meanwhile)
+                    self._cb_thread = token
+                return
+        while self._run_one_callback():
+            pass
 
     def _run_one_callback(self) -> bool:
         """Runs the first queued callback here; False when none was queued."""
@@ -3429,21 +3580,45 @@ class Client:
             pass
         return True
 
-    def _callbacks_main(self) -> None:
+    def _callbacks_main(self, token: _Runner) -> None:
         """The dspk-callbacks thread: runs the queue in order, and ends when it is
-        empty (the next _post() starts another)."""
-        me = threading.current_thread()
-        while True:
+        empty (the next _post() launches another), or when another thread is the
+        callbacks thread (two launched where an interruption cut the storing of the
+        first one's token: one runs the queue).  Takes up the work where no thread
+        has (its launch's caller was interrupted before it set the token).
+
+        It is named "dspk-callbacks" for the callbacks it runs
+        (threading.current_thread().name): started by _thread, its Thread object is
+        the dummy threading makes on the first current_thread(), which stays in
+        threading's table of running threads when the thread ends (listed by
+        threading.enumerate() as alive for good): it is taken out as the thread
+        ends.  No signal handler runs on this thread, so nothing cuts that."""
+        me = token.ident = _thread.get_ident()
+        this = threading.current_thread()
+        this.name = "dspk-callbacks"
+        try:
             with self._cb_lock:
-                if not self._cb_queue:
-                    if self._cb_thread is me:
-                        self._cb_thread = None
-                    return
-            self._run_one_callback()
+                t = self._cb_thread
+                if t is None or t.pid != token.pid:
+                    self._cb_thread = token
+            while True:
+                with self._cb_lock:
+                    if not self._cb_queue or self._cb_thread is not token:
+                        if self._cb_thread is token:
+                            self._cb_thread = None
+                        return
+                self._run_one_callback()
+        finally:
+            active = getattr(threading, "_active", None)
+            guard = getattr(threading, "_active_limbo_lock", None)
+            if isinstance(active, dict) and guard is not None:
+                with guard:
+                    if active.get(me) is this:
+                        del active[me]
 
     def _is_callbacks_thread(self) -> bool:
         t = self._cb_thread
-        return t is not None and t is threading.current_thread()
+        return t is not None and t.ident == _thread.get_ident()
 
     def _callbacks_wait(self, fut: concurrent.futures.Future,
                         timeout: Optional[float]) -> None:
@@ -3596,6 +3771,12 @@ class Client:
 
     # ---- the worker: submit()s that would wait ------------------------------------
 
+    @property
+    def _jobs_pending(self) -> int:
+        """The deferred submit()s whose task is not sent yet: queued, or taken by the
+        worker and not yet sent.  Derived, never stored: see _jobs."""
+        return len(self._jobs) + self._jobs_running
+
     def _is_worker(self) -> bool:
         """Whether this thread is the client's worker (running deferred submit()s)."""
         w = self._worker
@@ -3617,20 +3798,16 @@ class Client:
         """_ensure_worker_locked for a call that waits for the jobs queued: where no
         thread can be had, the jobs queued end with dspk.LimitExceeded (nothing of
         them was sent) rather than being waited for in vain."""
-        jobs: List[_Job] = []
         with self._work_lock:
             try:
                 self._ensure_worker_locked()
+                return
             except RuntimeError as e:
-                if self._worker is None:
-                    jobs = list(self._jobs)
-                    self._jobs.clear()
-                    self._jobs_pending -= len(jobs)
-                    self._work_cond.notify_all()
-                err = e
-        for job in jobs:
-            self._settle(job.future, exc=_errors.LimitExceeded(
-                "submit: no thread for the client's worker (%s)" % err))
+                if self._worker is not None:
+                    return
+                why = str(e)
+        self._fail_queued(lambda: _errors.LimitExceeded(
+            "submit: no thread for the client's worker (%s)" % why))
 
     def _no_wait(self, always: bool = True) -> None:
         """In submit()'s first attempt, on the caller's thread: _Defer where the op would
@@ -3694,8 +3871,7 @@ class Client:
         with self._work_lock:
             if self._closed is not None:
                 raise self._closed_error()
-            self._jobs.append(job)
-            self._jobs_pending += 1
+            self._jobs.append(job)  # queued and counted at once (one C call)
             self._work_cond.notify_all()
             try:
                 self._ensure_worker_locked()
@@ -3704,7 +3880,6 @@ class Client:
                     # Nothing of this submit() was sent (nor of those before it,
                     # queued with no worker either): it is refused.
                     self._jobs.remove(job)
-                    self._jobs_pending -= 1
                     self._work_cond.notify_all()
                     raise _errors.LimitExceeded("submit: no thread for the client's "
                                                 "worker (%s)" % e) from None
@@ -3729,6 +3904,7 @@ class Client:
                         self._worker = None
                     self._work_cond.notify_all()
                     return
+                self._jobs_running += 1  # first: the job is never uncounted
                 job = self._jobs.popleft()
             self._run_job(job)
 
@@ -3739,13 +3915,15 @@ class Client:
             with self._work_lock:
                 if job not in self._jobs:
                     return
+                self._jobs_running += 1  # as in _worker_main
                 nxt = self._jobs.popleft()
             self._run_job(nxt)
 
     def _run_job(self, job: _Job) -> None:
-        """Runs one deferred submit(): its staging and the sending of its task (waiting
-        for their answers as a synchronous call does), then its future follows the
-        task's.  Every failure goes to the future, as a dspk.Error."""
+        """Runs one deferred submit() (on the worker's thread, which counted it in
+        _jobs_running as it took it off the queue): its staging and the sending of its
+        task (waiting for their answers as a synchronous call does), then its future
+        follows the task's.  Every failure goes to the future, as a dspk.Error."""
         inner = None
         err: Optional[BaseException] = None
         try:
@@ -3768,7 +3946,7 @@ class Client:
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
                 with self._work_lock:
-                    self._jobs_pending -= 1
+                    self._jobs_running -= 1
                     self._work_cond.notify_all()
         user = job.future
         if inner is None:
@@ -3800,13 +3978,25 @@ class Client:
     def _fail_jobs(self) -> None:
         """close(): the deferred submit()s not yet taken by the worker end with
         dspk.Closed at once (the one it runs ends as its waits do)."""
-        with self._work_lock:
-            jobs = list(self._jobs)
-            self._jobs.clear()
-            self._jobs_pending -= len(jobs)
-            self._work_cond.notify_all()
-        for job in jobs:
-            self._settle(job.future, exc=self._closed_error())
+        self._fail_queued(self._closed_error)
+
+    def _fail_queued(self, err: Callable[[], Error]) -> None:
+        """Ends the deferred submit()s queued (not taken by the worker) with ``err()``.
+        Each is settled before it leaves the queue, so that an interruption anywhere
+        here leaves no job off the queue with its future pending (a job settled and
+        still queued is skipped by the worker, or failed by the next call here)."""
+        while True:
+            with self._work_lock:
+                if not self._jobs:
+                    self._work_cond.notify_all()
+                    return
+                job = self._jobs[0]
+            self._settle(job.future, exc=err())
+            with self._work_lock:
+                try:
+                    self._jobs.remove(job)
+                except ValueError:
+                    pass  # taken by the worker meanwhile (it skips a done future)
 
     def _after_jobs(self, method: str) -> None:
         """Before a request of another call is sent: waits until the worker has sent the
@@ -4374,7 +4564,7 @@ class Client:
 
     def _read_array(self, d: DeviceArray) -> np.ndarray:
         out = np.empty(d.shape, dtype=d.dtype)
-        futs = self._start_reads(d.buffer, d.offset, out.reshape(-1).view(np.uint8))
+        futs = self._start_reads(d.buffer, d._offset, out.reshape(-1).view(np.uint8))
         for f in futs:
             self._wait(f)
         return out
@@ -4450,7 +4640,7 @@ class Client:
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
                 out._live("out=")
-                outputs = [{"buffer": out.buffer, "offset": out.offset}]
+                outputs = [{"buffer": out.buffer, "offset": out._offset}]
                 if target == "any":
                     target = out.device
         for i, x in enumerate(inputs):
@@ -4613,14 +4803,14 @@ class Client:
         if "buffer" in t and t.get("data") is None:
             offset = int(t.get("offset") or 0)
             if isinstance(passed, DeviceArray) and passed.buffer == t["buffer"] and \
-                    passed.offset == offset and passed.shape == shape and passed.dtype == dt:
+                    passed._offset == offset and passed.shape == shape and passed.dtype == dt:
                 return passed
             if isinstance(passed, np.ndarray) and passed.shape == shape and \
                     passed.dtype == dt and any(buf == t["buffer"] and off == offset and
                                                arr is passed for buf, off, arr in shared_ops):
                 return passed
             for cand in ([out] if out is not None else []) + list(operands):
-                if cand.buffer == t["buffer"] and cand.offset == offset \
+                if cand.buffer == t["buffer"] and cand._offset == offset \
                         and cand.shape == shape and cand.dtype == dt:
                     return cand
             for buf, off, arr in shared_ops:
@@ -4670,7 +4860,7 @@ class Client:
             return again()
         except BaseException:
             shm.ended = True  # before any call: see _TempList
-            sent = [f for f in owner if f.sent]
+            sent = [f for f in owner if f._sent]
             if sent and shm:
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.

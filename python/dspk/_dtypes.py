@@ -6,7 +6,7 @@ import math
 import numbers
 import signal
 import types
-from typing import Any, Callable, Dict, Tuple, TypeVar
+from typing import Any, Callable, Mapping, Tuple, TypeVar
 
 import numpy as np
 
@@ -98,15 +98,17 @@ def as_ndarray(x: Any, what: str) -> np.ndarray:
     return user_code("%s: not an array" % what, np.asarray, x)
 
 
-#: The protocol's dtype names and their numpy dtypes (all little-endian).
-DTYPES: Dict[str, np.dtype] = {
+#: The protocol's dtype names and their numpy dtypes (all little-endian).  A read-only
+#: mapping: the client decodes the daemon's answers by it, so an assignment would make
+#: it read every result of that dtype as another.
+DTYPES: Mapping[str, np.dtype] = types.MappingProxyType({
     "f32": np.dtype("<f4"),
     "f64": np.dtype("<f8"),
     "c64": np.dtype("<c8"),
     "c128": np.dtype("<c16"),
     "f16": np.dtype("<f2"),
     "bf16": bfloat16,
-}
+})
 
 _KIND_NAMES = {("f", 4): "f32", ("f", 8): "f64", ("c", 8): "c64", ("c", 16): "c128",
                ("f", 2): "f16"}

@@ -169,6 +169,56 @@ def test_scalars_of_other_real_types(client):
     assert client.ping() >= 0
 
 
+class _Skewed(_Real):
+    """A real of another library whose float() is not its value (0.5 for all): the
+    value comes from as_integer_ratio(), or (``how="nd"``) from numerator and
+    denominator attributes only, as a numbers.Real need not be a numbers.Rational."""
+
+    def __init__(self, v, how="ratio"):
+        super().__init__(v, exact=(how == "ratio"))
+        if how == "nd":
+            self.numerator, self.denominator = self.v.numerator, self.v.denominator
+
+    def __float__(self):
+        return 0.5
+
+
+def test_scalars_of_other_real_types_at_their_exact_value(client):
+    """A numbers.Real of another library was taken from its float() in the ops that
+    compute in f64 (its as_integer_ratio() used for f32 ones only), and its numerator
+    and denominator never (outside probe 15, C, 5), though python.md promises its exact
+    value.  Now f32 and f64 ops, and a kernel's f32 and f64 args, round the exact value
+    once (1/3 here, whose float() says 0.5); a ratio that is not two integers with a
+    denominator of 1 or more is InvalidArgument."""
+    one32, one64 = np.ones((1, 1), np.float32), np.ones((1, 1), np.float64)
+    third = fractions.Fraction(1, 3)
+    f32, f64 = float(np.float32(1) / np.float32(3)), 1 / 3  # both correctly rounded
+    tie = 2 ** 53 + 2 ** 29 + 1  # f32: 2**53 + 2**30 (2**53 through float64)
+    for how in ("ratio", "nd"):
+        v = _Skewed(third, how)
+        assert client.map("scale", one32, alpha=v, device="cpu:0")[0, 0] == f32, how
+        assert client.gemm(one32, one32, alpha=v, device="cpu:0")[0, 0] == f32, how
+        assert client.map("scale", one64, alpha=v, device="cpu:0")[0, 0] == f64, how
+        assert client.gemm(one64, one64, alpha=v, device="cpu:0")[0, 0] == f64, how
+        assert client.gemm(one64, one64, one64, alpha=0, beta=v,
+                           device="cpu:0")[0, 0] == f64, how
+        assert dspk._client._kernel_args([{"f32": v}, {"f64": v}]) == \
+            [{"f32": f32}, {"f64": f64}], how
+        assert client.map("scale", one32, alpha=_Skewed(tie, how),
+                          device="cpu:0")[0, 0] == 2.0 ** 53 + 2 ** 30, how
+        assert client.map("scale", one64, alpha=_Skewed(tie, how),
+                          device="cpu:0")[0, 0] == float(tie), how  # not 0.5
+        with pytest.raises(dspk.InvalidArgument, match="beyond what a float64 holds"):
+            client.map("scale", one64, alpha=_Skewed(10 ** 400, how))
+    bad = _Skewed(third, "nd")
+    bad.denominator = 0
+    with pytest.raises(dspk.InvalidArgument, match="not a denominator of 1 or more"):
+        client.map("scale", one64, alpha=bad)
+    bad.denominator = "3"
+    with pytest.raises(dspk.InvalidArgument, match="not two ints"):
+        client.map("scale", one64, alpha=bad)
+
+
 def test_reduce_axes(client):
     x = f64(2, 3, 4)
     for axes, ref in ((1, 1), (np.int64(-1), -1), ([0, 2], (0, 2)), ((np.int32(0),), (0,)),

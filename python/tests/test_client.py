@@ -190,6 +190,47 @@ def test_connect_error(tmp_path):
     assert isinstance(e.value, ConnectionError)
 
 
+def test_connect_to_a_path_that_is_no_socket_or_too_long(tmp_path, monkeypatch, daemon):
+    """connect() gave bare OS strings where libdspkclient and dspk-submit explain: a
+    regular file or a directory was "Connection refused" (as if no daemon ran), a path
+    longer than a Unix socket address was ECONNECT "AF_UNIX path too long" (outside
+    probe 15, C, 4).  Now what is there is named, as dspk-submit names it (cli.md),
+    and a path of more than 107 bytes is dspk.LimitExceeded (ELIMIT) naming where it
+    came from, before any socket is made."""
+    regular = tmp_path / "regular"
+    regular.write_bytes(b"")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((regular, "a regular file"), (tmp_path, "a directory"),
+                       (fifo, "a FIFO")):
+        with pytest.raises(dspk.ConnectError) as e:
+            dspk.connect(str(path))
+        assert e.value.message.endswith(
+            "; %s is %s, not a socket: check connect()'s socket and $DSPK_SOCKET"
+            % (path, kind)), e.value.message
+    with pytest.raises(dspk.ConnectError) as e:  # nothing there: no such hint
+        dspk.connect(str(tmp_path / "none.sock"))
+    assert "not a socket" not in e.value.message
+    # 107 bytes is the most a socket address holds (sun_path less its NUL): a link
+    # of that length to the daemon's socket connects; one byte more is ELIMIT.
+    base = str(tmp_path) + "/"
+    fits = base + "l" * (107 - len(os.fsencode(base)))
+    os.symlink(daemon.socket, fits)
+    with dspk.connect(fits, timeout=TIMEOUT) as c:
+        assert c.ping() > 0
+    long = fits + "x"
+    fds = len(os.listdir("/proc/self/fd"))
+    for how, whence in (("socket", "socket="), ("env", "$DSPK_SOCKET")):
+        if how == "env":
+            monkeypatch.setenv("DSPK_SOCKET", long)
+        with pytest.raises(dspk.LimitExceeded) as e:
+            dspk.connect(long if how == "socket" else None)
+        assert e.value.name == "ELIMIT"
+        assert e.value.message == ("cannot connect to dspkd at %s: socket path from %s "
+                                   "longer than 107 bytes (108 bytes)" % (long, whence))
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_ping_devices_status(client):
     assert 0 < client.ping() < TIMEOUT
     client.ping(b"\x00abc" * 1000)
@@ -788,3 +829,40 @@ def test_attributes_the_client_goes_by_are_read_only_or_checked(daemon):
         c.shared_threshold = 0
         assert c.shared_threshold == 0
         assert c.ping() > 0 and d.numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_every_public_attribute_of_every_public_class_is_read_only(daemon):
+    """A DeviceArray's offset and size_bytes, a future's sent and a client's
+    socket_path were still plain writable fields, and the client went by them: after
+    d.offset = 16, numpy() read at offset 16 (outside probe 15, C, 3); dspk.DTYPES, by
+    which answers are decoded, was a plain dict.  Now every public attribute of a
+    Client, a DeviceArray and a TaskFuture that is not a method raises AttributeError
+    on assignment (and on deletion), but c.timeout and c.shared_threshold (checked
+    setters): found by dir(), so that an attribute added later is checked too."""
+    import inspect
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        d = c.to_device(np.arange(4, dtype=np.float32))
+        f = c.submit("reduce", np.ones(4))
+        assert f.result(TIMEOUT) == 4
+        settable = {(dspk.Client, "timeout"), (dspk.Client, "shared_threshold")}
+        seen = set()
+        for obj, cls in ((c, dspk.Client), (d, dspk.DeviceArray), (f, dspk.TaskFuture)):
+            for name in dir(obj):
+                value = getattr(obj, name)
+                if name.startswith("_") or inspect.ismethod(value) or \
+                        (cls, name) in settable:
+                    continue
+                seen.add(name)
+                for change in (lambda: setattr(obj, name, 16),
+                               lambda: object.__setattr__(obj, name, 16),
+                               lambda: delattr(obj, name)):
+                    with pytest.raises(AttributeError):
+                        change()
+                assert getattr(obj, name) == value
+        assert {"socket_path", "offset", "size_bytes", "sent", "msgid", "buffer"} <= seen
+        assert d.offset == 0 and d.size_bytes == 16 and f.sent
+        assert c.socket_path == daemon.socket
+        with pytest.raises(TypeError):
+            dspk.DTYPES["f32"] = np.dtype(np.float64)  # type: ignore[index]
+        assert dspk.DTYPES["f32"] == np.float32
+        assert d.numpy().tolist() == [0, 1, 2, 3]

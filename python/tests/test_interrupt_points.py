@@ -780,6 +780,160 @@ def test_an_interrupted_submit_to_the_worker_leaves_it_running(small_daemon, whe
     assert _threads() <= before, "a client thread stays behind"
 
 
+@pytest.mark.parametrize("wait", ["result", "exception", "cf.wait"])
+def test_an_interrupted_worker_submit_and_its_wait_leave_the_next_ones_going(
+        small_daemon, wait):
+    """submit() counted its job for the worker in a number apart from the queue, raised
+    after the job was appended: an interruption as the append returned left the job
+    queued but uncounted.  The next call did not wait for it; the worker later ran it
+    and took it off the count all the same, which went below 0 once a later submit()
+    was with the worker, and every later call raised Timeout "the submit()s made before
+    it were not sent" (hung with timeout=None), seen after an interruption in
+    result(), exception() or concurrent.futures.wait() of a later submit().  Now the
+    queue is the count.  At every point of a worker's submit() and of the wait on its
+    future in turn (the client's code, on one connection), the interruption
+    propagates or the call completes, and then a submit() and a ping() of the same
+    connection work (a ping answers at once: the client's timeout of 5 s is only a
+    bound on a stuck call, never reached in the normal case)."""
+    import concurrent.futures
+    x = np.ones(20000, np.complex64)  # a 160 KB fft result on a 64K daemon: worker
+    c = dspk.connect(small_daemon.socket, timeout=5)
+    hit = 0
+    for n in range(100000):
+        if c.closed:
+            c = dspk.connect(small_daemon.socket, timeout=5)
+        prof, seen = _interrupt_in_files(n, {CLIENT_FILE})
+        f = None
+        sys.setprofile(prof)
+        try:
+            f = c.submit("fft", x)
+            if wait == "result":
+                f.result(TIMEOUT)
+            elif wait == "exception":
+                f.exception(TIMEOUT)
+            else:
+                concurrent.futures.wait([f], TIMEOUT)
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # an answer was cut
+        finally:
+            sys.setprofile(None)
+        if not c.closed:
+            try:
+                g = c.submit("fft", x)
+                assert g.result(TIMEOUT).shape == (20000,)
+                assert c.ping() > 0
+            except dspk.Timeout as e:
+                pytest.fail("stuck after the interruption at %s: %s" % (seen[1:], e))
+            except dspk.Closed:
+                pass
+            if f is not None and not c.closed:
+                assert f.result(TIMEOUT).shape == (20000,)
+        if seen[0] <= n:
+            break
+    assert hit > 100, hit
+    c.close()
+
+
+def test_an_interrupted_submit_leaves_no_reader_reading_for_ever(daemon):
+    """submit() registered its request (its pending call, the count of submit() futures
+    pending that keeps the reader thread reading) in a block before the ``try`` that
+    takes them back: an interruption as that block's lock was let go left a request
+    never sent counted as pending, and the reader thread read for ever, for an answer
+    that could not come.  Now they are made inside the ``try``: at every point of a
+    submit() sent at once in turn, once the next submit() and call are answered, the
+    reader thread ends (the thread count is back to where it was)."""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    gc.collect()
+    before = _threads()
+    hit = 0
+    for n in range(100000):
+        if c.closed:
+            c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+        prof, seen = _interrupt_in_files(n, {CLIENT_FILE})
+        f = None
+        sys.setprofile(prof)
+        try:
+            f = c.submit("reduce", np.ones(4))
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # a message was cut
+        finally:
+            sys.setprofile(None)
+        if c.closed:
+            continue
+        if f is not None:
+            assert f.result(TIMEOUT) == 4
+        # another submit() starts the reader thread (none runs where nothing was sent)
+        assert c.submit("reduce", np.ones(4)).result(TIMEOUT) == 4
+        assert c.ping() > 0
+        deadline = time.monotonic() + TIMEOUT / 4
+        while _threads() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _threads() <= before, ("the reader thread reads for ever", n, seen[1:])
+        if seen[0] <= n:
+            break
+    assert hit > 50, hit
+    c.close()
+
+
+def test_an_interrupted_start_of_the_callbacks_thread_leaves_no_thread_behind(client):
+    """The dspk-callbacks thread was started by threading.Thread.start(), which waits
+    for the new thread in Python code (an Event): an interruption there, on the main
+    thread completing a future (reading the connection itself), could leave that
+    thread blocked for ever in its Event.set(), listed by threading.enumerate().  Now
+    it is launched as the reader and the worker are (one C call, a token set once it
+    returned, the thread taking up the work itself otherwise), and named
+    "dspk-callbacks" as it starts.  At every point of the client's and threading's
+    code in turn as a future with a done-callback completes on the main thread (and
+    is settled once more after an interruption, as the client's reading does), the
+    callback runs on a thread named dspk-callbacks, which ends, and no thread is left
+    running or listed by threading.enumerate()."""
+    import concurrent.futures
+    import weakref
+    gc.collect()
+    before = _threads()
+    listed = set(threading.enumerate())
+    hit = 0
+    for n in range(100000):
+        names = []
+        ran = threading.Event()
+
+        def cb(f, names=names, ran=ran):
+            names.append(threading.current_thread().name)
+            ran.set()
+
+        f = dspk.TaskFuture()
+        f._owner = weakref.ref(client)
+        f.add_done_callback(cb)
+        prof, seen = _interrupt_in_files(n, {CLIENT_FILE, threading.__file__})
+        sys.setprofile(prof)
+        try:
+            f.set_result(4)
+        except _Injected:
+            hit += 1
+        finally:
+            sys.setprofile(None)
+        try:
+            f.set_result(4)  # settled once more: the callbacks not run yet run
+        except concurrent.futures.InvalidStateError:
+            pass
+        assert ran.wait(TIMEOUT), (n, seen[1:])
+        assert names and set(names) == {"dspk-callbacks"}, (n, seen[1:], names)
+        deadline = time.monotonic() + TIMEOUT / 4
+        while (_threads() > before or set(threading.enumerate()) != listed) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _threads() <= before, ("a thread stays behind", n, seen[1:])
+        assert set(threading.enumerate()) == listed, (n, seen[1:], threading.enumerate())
+        if seen[0] <= n:
+            break
+    assert hit > 20, hit
+    assert client.ping() > 0
+
+
 @pytest.mark.parametrize("limits", ["default", "64K"])
 def test_an_interrupted_to_device_leaves_no_buffer(daemon, small_daemon, limits):
     """to_device() interrupted once its buffer.create was answered, before the

@@ -406,6 +406,33 @@ def test_future_wait_timeout_of_another_type_or_nan(client):
         f.result("1")
 
 
+def test_pending_future_wait_timeout_of_any_real_type(fresh_daemon):
+    """result(timeout)/exception(timeout) of a pending future refused a numpy float32 or
+    float16 and a Fraction with a TypeError "... cannot be interpreted as an integer"
+    from inside the wait (a lock's acquire() takes a float or an int only), though a
+    done future took them (outside probe 15, C, 2).  Now any real number is a number of
+    seconds whether the future is done or not: on a future kept pending (its daemon
+    stopped), each of these times out, and the future completes once it goes on."""
+    import concurrent.futures
+    import signal
+    c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        f = c.submit("reduce", np.ones(3))
+        for t in (np.float32(0.01), np.float16(0.01), np.float64(0.01),
+                  fractions.Fraction(1, 100), np.int8(0), 0, -fractions.Fraction(10 ** 400),
+                  -10 ** 400, -np.inf, False):
+            for wait in (f.result, f.exception):
+                with pytest.raises(concurrent.futures.TimeoutError):
+                    wait(t)
+        assert not f.done()
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    assert f.result(fractions.Fraction(10 ** 400)) == 3.0  # beyond any wait: for ever
+    assert f.exception(np.float32(TIMEOUT)) is None
+    c.close()
+
+
 # ---- L: a view of a shared array off its item size ------------------------------------
 
 def test_shared_view_off_its_item_size(client):
