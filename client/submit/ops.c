@@ -57,12 +57,12 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   int n = dspk__sub_split(arg, ",", buf, sizeof buf, items, DSPK_MAX_RANK + 1);
   if (n < 0)
     return dspk__sub_usage(ctx, "bad --axis '%s' (want K or K,K,... with no "
-                                "empty item)", arg);
+                                "empty item)", dspk__sub_arg(arg));
   for (int i = 0; i < n; i++) {
     long k;
     if (dspk__sub_parse_long(items[i], -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
       return dspk__sub_usage(ctx, "bad --axis '%s' (want an axis, -%d..%d)",
-                             items[i], DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
+                             dspk__sub_arg(items[i]), DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
     if (a->naxes >= DSPK_MAX_RANK)
       return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);
     a->axes[a->naxes++] = (int)k;
@@ -877,7 +877,7 @@ int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (fn < 0)
     return dspk__sub_usage(ctx, "unknown reduction '%s' (want sum, max, min "
                                 "or mean)",
-                           a.pos[0]);
+                           dspk__sub_arg(a.pos[0]));
   dspk_task_init(&t, DSPK_OP_REDUCE);
   t.reduce.fn = (dspk_reduce)fn;
   t.reduce.naxes = a.naxes;
@@ -909,7 +909,7 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (fn < 0)
     return dspk__sub_usage(ctx, "unknown function '%s' (want add, sub, mul, "
                                 "scale, axpy, abs or exp)",
-                           a.pos[0]);
+                           dspk__sub_arg(a.pos[0]));
   if (a.npos - 1 != fns[fn].nin)
     return dspk__sub_usage(ctx, "map %s takes %d input%s, got %d", a.pos[0],
                            fns[fn].nin, fns[fn].nin == 1 ? "" : "s",
@@ -948,9 +948,9 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
     dspk__outfile_abort(of);
     if (dash || of->to_stdout)
       return dspk__sub_usage(ctx, "-o %s: standard output is a terminal; redirect it to a "
-                                  "file or a pipe", path);
+                                  "file or a pipe", dspk__sub_arg(path));
     return dspk__sub_usage(ctx, "-o %s: that is a terminal, where a .npy does not go; name "
-                                "a file or a pipe", path);
+                                "a file or a pipe", dspk__sub_arg(path));
   }
   return 0;
 }
