@@ -45,7 +45,8 @@ static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
   char *buf;
   if (dspk__std_closed(dspk__fd_alias(path)))
     return dspk__sub_fail(ctx, DSPK_ENOENT, "%s: descriptor %d is not open",
-                          strcmp(path, "-") == 0 ? "<stdin>" : path, dspk__fd_alias(path));
+                          strcmp(path, "-") == 0 ? "<stdin>" : dspk__sub_arg(path),
+                          dspk__fd_alias(path));
   f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     int e = errno;

@@ -150,7 +150,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       if ((rc = dspk__sub_once(ctx, &seen_alpha, opt, argv)) != 0)
         return rc;
       if ((rc = dspk__sub_parse_double(optarg, &a->alpha)) < 0)
-        return dspk__sub_usage(ctx, "bad --alpha '%s' (%s)", optarg,
+        return dspk__sub_usage(ctx, "bad --alpha '%s' (%s)", dspk__sub_arg(optarg),
                                rc == -2 ? "beyond f64's range" : "want a number");
       a->have_alpha = true;
       break;
@@ -158,7 +158,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       if ((rc = dspk__sub_once(ctx, &seen_beta, opt, argv)) != 0)
         return rc;
       if ((rc = dspk__sub_parse_double(optarg, &a->beta)) < 0)
-        return dspk__sub_usage(ctx, "bad --beta '%s' (%s)", optarg,
+        return dspk__sub_usage(ctx, "bad --beta '%s' (%s)", dspk__sub_arg(optarg),
                                rc == -2 ? "beyond f64's range" : "want a number");
       a->have_beta = true;
       break;
@@ -1028,10 +1028,11 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
       if (fds[j] == fds[i]) {
         if (fds[i] == STDIN_FILENO)
           dspk__sub_usage(ctx, "standard input can be read only once ('%s' and '%s' "
-                               "both read it)", files[j], files[i]);
+                               "both read it)", dspk__sub_arg(files[j]), dspk__sub_arg(files[i]));
         else
           dspk__sub_usage(ctx, "descriptor %d can be read only once ('%s' and '%s' "
-                               "both read it)", fds[i], files[j], files[i]);
+                               "both read it)", fds[i], dspk__sub_arg(files[j]),
+                          dspk__sub_arg(files[i]));
         return -1;
       }
     if (isatty(fds[i]) == 1) {
@@ -1039,10 +1040,11 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
       bool source = i == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
       if (fds[i] == STDIN_FILENO)
         dspk__sub_usage(ctx, "%s: standard input is a terminal; pipe %s into it",
-                        files[i], source ? "the kernel source" : "a .npy");
+                        dspk__sub_arg(files[i]), source ? "the kernel source" : "a .npy");
       else
         dspk__sub_usage(ctx, "%s: descriptor %d is a terminal; pipe %s into it",
-                        files[i], fds[i], source ? "the kernel source" : "a .npy");
+                        dspk__sub_arg(files[i]), fds[i],
+                        source ? "the kernel source" : "a .npy");
       return -1;
     }
   }

@@ -61,7 +61,8 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return rc;
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", strcmp(out, "-") == 0 ? "<stdout>" : out, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s",
+                          strcmp(out, "-") == 0 ? "<stdout>" : dspk__sub_arg(out), err);
   if (summary && of.to_stdout) {
     dspk__outfile_abort(&of);
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not standard output");

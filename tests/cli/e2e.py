@@ -1645,9 +1645,9 @@ def typed_text_escaped(cli, tmp, a34):
         (k + ["--grid", "1", "--block", "1", "zeros:f32:1" + z], "kernel", "EINVAL",
          "bad dimension '1" + zs + "' in 'zeros:f32:1" + zs + "'"),
         (["pi" + z + "ng"], None, "EINVAL", "unknown command 'pi" + zs + "ng'"),
-        (["gemm", a34, a34, "-d", "cpu:0" + z], "gemm", "ENODEV",
+        (["map", "abs", a34, "-d", "cpu:0" + z], "map", "ENODEV",
          'no device "cpu:0' + zs + '"'),
-        (["gemm", a34, a34, "-d", "cpu:0\u202e0"], "gemm", "ENODEV",
+        (["map", "abs", a34, "-d", "cpu:0\u202e0"], "map", "ENODEV",
          'no device "cpu:0\\u202e0"'),
     ]
     for args, cmd, ename, want in cases:
