@@ -306,7 +306,7 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     return dspk__fail(msg, len, DSPK_EINVAL, "contract: subscripts longer than %d characters",
                 DSPK__SUBSCRIPTS_MAX - 1);
   /* The subscripts as the messages echo them (dspk__utf8_echo). */
-  char se[2 * DSPK__SUBSCRIPTS_MAX + 1];
+  char se[DSPK__ECHO_CAP(DSPK__SUBSCRIPTS_MAX)];
   dspk__utf8_echo(se, sizeof se, subs, slen, slen);
   for (size_t i = 0; i < slen; i++) {
     char c = subs[i];

@@ -31,6 +31,7 @@
 #include "proto/codec.h"
 #include "proto/frame.h"
 #include "proto/schema.h"
+#include "proto/utf8.h"
 
 #ifndef DSPKD_VERSION
 #define DSPKD_VERSION "0.0.0"
@@ -400,7 +401,7 @@ struct conn {
   pid_t pid;
   uid_t uid;
   gid_t gid;
-  char name[128];           /* hello's client, echoed: dspk__utf8_echo */
+  char name[DSPK__ECHO_CAP(DSPK__CLIENT_NAME_MAX)]; /* hello's client, echoed: dspk__utf8_echo */
   struct rchunk *rb;
   size_t unsent;            /* bytes handed to uv_write, not yet written */
   size_t inflight;          /* device jobs not yet answered (c->jobs); with

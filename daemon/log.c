@@ -285,7 +285,10 @@ int dspkd_log_enabled(enum dspkd_level level) {
 /* The line of msg at level, prefixed and cleaned, with its newline, into
  * line (cap bytes, at least 64); its length (0: nothing to write). */
 static size_t format_line(char *line, size_t cap, enum dspkd_level level, const char *msg) {
-  char folded[2 * 1024], valid[3 * sizeof folded];
+  /* Each byte of msg (at most 1023) becomes at most 3 here: a two-byte
+   * character written as \uNNNN (dspk__one_line), or an ill-formed byte
+   * kept by dspk__one_line and made U+FFFD. */
+  char folded[3 * 1024], valid[3 * 1024];
   size_t n, v;
   int h;
 
@@ -299,10 +302,12 @@ static size_t format_line(char *line, size_t cap, enum dspkd_level level, const 
     return 0;
   /* A line's text is cleaned as an answer's message is (client text quoted
    * in either is the same): one line (dspk__one_line: the lines joined with
-   * "; ", each other control character a space), then valid UTF-8 (each
-   * ill-formed byte U+FFFD), so that journald stores it as text. */
-  n = dspk__one_line(folded, msg); /* at most twice strlen(msg) */
-  v = dspk__utf8_sanitized_len(folded, n); /* at most 3 n */
+   * "; ", each other control character a space, each character that prints
+   * as nothing \uNNNN, so that no client's bidirectional control reorders
+   * an admin's view of the line), then valid UTF-8 (each ill-formed byte
+   * U+FFFD), so that journald stores it as text. */
+  n = dspk__one_line(folded, msg);
+  v = dspk__utf8_sanitized_len(folded, n);
   dspk__utf8_sanitize(valid, folded, n);
   v = dspk__utf8_cut(valid, v, cap - 1 - (size_t)h);
   memcpy(line + h, valid, v);

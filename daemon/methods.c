@@ -136,7 +136,7 @@ static struct device *resolve_device(struct req *r, const char *name,
   }
   dev = dspkd_device_find(d, name, strlen(name));
   if (!dev) {
-    char echo[2 * DSPK__DEVICE_NAME_MAX + 2];
+    char echo[DSPK__ECHO_CAP(DSPK__DEVICE_NAME_MAX)];
     *err = fail(r, DSPK_ENODEV, "no device \"%s\" (the devices method lists them)",
                 dspk__utf8_echo(echo, sizeof echo, name, strlen(name), DSPK__DEVICE_NAME_MAX));
     return NULL;
@@ -1191,7 +1191,7 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
   int err;
 
   if (!m || !handlers[m - dspk__methods]) {
-    char echo[140];
+    char echo[DSPK__ECHO_CAP(64)];
     return fail(r, DSPK_ENOMETHOD, "unknown method \"%s\"",
                 dspk__utf8_echo(echo, sizeof echo, method, len, 64));
   }

@@ -337,7 +337,7 @@ int dspk__tensor_decode(const msgpack_object *o,
     return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor dtype: expected a string, got %s",
                       dspk__obj_what(v, w, sizeof w));
   if (dspk__dtype_from_name(s, slen, &t.dtype) != 0) {
-    char echo[40];
+    char echo[DSPK__ECHO_CAP(16)];
     return dspk__fail(msg, msglen, DSPK_EDTYPE, "unknown dtype \"%s\"",
                       dspk__utf8_echo(echo, sizeof echo, s, slen, 16));
   }
@@ -725,13 +725,18 @@ void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
 
 size_t dspk__one_line(char *dst, const char *s) {
   size_t w = 0, blanks = 0, left = strlen(s), k;
-  bool text = false, sep = false;
+  bool text = false, sep = false, base = false;
 
   /* Each line's blanks at its ends and every empty line dropped, the lines
    * joined with "; ", any other control character (dspk__utf8_ctl: C0, DEL,
-   * C1, U+2028, U+2029) a space. */
+   * C1, U+2028, U+2029) a space, a character that prints as nothing as
+   * its escape (what was written before it decides for a combining mark). */
   for (; left; s += k, left -= k) {
     unsigned char c = (unsigned char)*s;
+    char esc[12];
+    const char *piece = esc;
+    size_t plen;
+    uint32_t cp;
     k = 1;
     if (c == '\n' || c == '\r') {
       sep = sep || text;
@@ -741,11 +746,18 @@ size_t dspk__one_line(char *dst, const char *s) {
     }
     if ((k = dspk__utf8_ctl(s, left)) != 0)
       c = ' ';
-    else
-      k = 1;
     if (c == ' ') {
+      k = k ? k : 1;
       blanks += text;
       continue;
+    }
+    if ((k = dspk__utf8_hidden(s, left, base && !sep && !blanks, &cp)) != 0) {
+      plen = dspk__utf8_hidden_esc(esc, cp);
+    } else {
+      k = dspk__utf8_seq(s, left);
+      k = k ? k : 1; /* an ill-formed byte: as it is (packing makes it U+FFFD) */
+      piece = s;
+      plen = k;
     }
     if (sep) {
       if (dst)
@@ -757,8 +769,9 @@ size_t dspk__one_line(char *dst, const char *s) {
       if (dst)
         dst[w] = ' ';
     if (dst)
-      dst[w] = (char)c;
-    w++;
+      memcpy(dst + w, piece, plen);
+    w += plen;
+    base = piece != esc && dspk__utf8_base(s, k);
     text = true;
   }
   return w;

@@ -162,9 +162,13 @@ void dspk__pack_kv_i64(msgpack_packer *pk, const char *k, int64_t v);
 void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v);
 /* s as one line: each line's blanks at its ends and every empty line dropped,
  * the lines joined with "; ", any other control character (dspk__utf8_ctl:
- * C0, DEL, C1, U+2028, U+2029) a space; writes
- * it into dst (not terminated) when dst is not NULL and returns its length
- * (at most twice strlen(s)). */
+ * C0, DEL, C1, U+2028, U+2029) a space, and every character that prints
+ * as nothing (dspk__utf8_hidden: a bidirectional control, a zero-width
+ * character, a combining mark with no base...) as \uNNNN, whoever wrote
+ * the text (an echoed string already has them escaped; a compiler's log
+ * quoting a kernel's source may not); writes it into dst (not terminated)
+ * when dst is not NULL and returns its length (at most three times
+ * strlen(s)). */
 size_t dspk__one_line(char *dst, const char *s);
 /* The error map {code, name, message}; message (one line, see
  * dspk__one_line; empty or NULL: the table's text) as a valid UTF-8 str. */

@@ -526,7 +526,7 @@ static int enum_value(const struct dspk__param *p, const msgpack_object *o, cons
   }
   *out = dspk__choice_find(p->choices, s, n);
   if (*out < 0) {
-    char echo[80];
+    char echo[DSPK__ECHO_CAP(32)];
     choices_text(p->choices, list, sizeof list);
     return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: unknown %s \"%s\" (%s)", pre, what,
                       p->noun, dspk__utf8_echo(echo, sizeof echo, s, n, 32), list);
@@ -556,7 +556,7 @@ static int decode_item(const struct dspk__param *item, const msgpack_object *o,
  * an array. */
 static int decode_nested(const struct dspk__param *p, const msgpack_object *o, const char *pre,
                          char *msg, size_t msglen) {
-  char sub[72]; /* "." and a key echoed (dspk__utf8_echo: at most 65 bytes) */
+  char sub[DSPK__ECHO_CAP(32) + 1]; /* "." and a key echoed (dspk__utf8_echo) */
   int err;
   if (p->type == DSPK__T_MAP && p->fields) {
     struct dspk__pval tmp[DSPK__MAX_FIELDS];
@@ -579,7 +579,7 @@ static int decode_nested(const struct dspk__param *p, const msgpack_object *o, c
                           "got a key that is %s", pre, p->name,
                           dspk__obj_what(&kv->key, w, sizeof w));
       }
-      char echo[2 * 32 + 2];
+      char echo[DSPK__ECHO_CAP(32)];
       snprintf(sub, sizeof sub, ".%s", dspk__utf8_echo(echo, sizeof echo, k, kn, 32));
       if ((err = decode_item(p->item, &kv->val, pre, p->name, sub, msg, msglen)) < 0)
         return err;

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* The length (1 to 4) of the well-formed sequence that starts s[0..n), or 0
  * when none does (a stray continuation byte, an overlong form, a surrogate,
@@ -27,36 +28,70 @@ bool dspk__utf8_valid(const char *s, size_t n);
 size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
 
 /* A client's string made printable for a message (every place a message
- * echoes one uses this, so that it reads as the client wrote it and never
- * breaks the message's one line): its first max bytes (cut at a character
- * boundary, dspk__utf8_cut), as docs/protocol.md "Errors" says: its lines
- * (a line ends at LF or CR) joined with "; " and blank lines dropped, a
- * leading or trailing line break too (the blanks next to a line break go
- * with it), each NUL byte written as the two characters \0 (printf would
- * stop at it) and every other control character (dspk__utf8_ctl) as one
- * space; into dst (cap > 0; cut to fit, never inside a character,
- * NUL-terminated).  An ill-formed byte is copied as it is (packing makes it
- * U+FFFD).  Output at most 2 * max + 1 bytes.  Returns dst. */
+ * echoes one uses this, so that it reads as the client wrote it, never
+ * breaks the message's one line and hides nothing): its first max bytes
+ * (cut at a character boundary, dspk__utf8_cut), as docs/protocol.md
+ * "Errors" says: its lines (a line ends at LF or CR) joined with "; " and
+ * blank lines dropped, a leading or trailing line break too (the blanks
+ * next to a line break go with it), each NUL byte written as the two
+ * characters \0 (printf would stop at it), each backslash as \\, every
+ * other control character (dspk__utf8_ctl) as one space, and every
+ * character that prints as nothing (dspk__utf8_hidden) as \uNNNN
+ * (\UNNNNNNNN above U+FFFF); into dst (cap > 0; cut to fit, never inside
+ * a character or an escape, NUL-terminated).  An ill-formed byte is copied
+ * as it is (packing makes it U+FFFD).  Output at most DSPK__ECHO_CAP(max)
+ * - 1 bytes (a two-byte character written as \uNNNN is the most growth).
+ * Returns dst. */
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max);
+#define DSPK__ECHO_CAP(max) (3 * (size_t)(max) + 1)
+
+/* The length (2 to 4) of the character that starts s[0..n) when no text
+ * the daemon or dspk-submit writes may hold it as it is, because it prints
+ * as nothing, as a plain space or as some font's choice, 0 when it may (or
+ * when s starts with ASCII or with a byte that starts no well-formed
+ * sequence: the callers' own rules).  Such a character is written as
+ * \uNNNN (dspk__utf8_hidden_esc); dspk.conf(5), docs/protocol.md "Errors"
+ * and docs/cli.md list them: every default-ignorable code point, format
+ * character (Cf) and space separator (Zs) but U+0020, U+2028, U+2029 and
+ * U+2800 (the table in utf8.c, Unicode 15.1), the noncharacters
+ * (U+FDD0-U+FDEF, U+xFFFE, U+xFFFF), the private-use characters
+ * (U+E000-U+F8FF, planes 15 and 16), and, when after_base is false, a
+ * combining mark (Mn, Me): one with no character of its own to sit on.
+ * after_base: whether what was written just before it is a character
+ * written as itself that a mark may sit on (dspk__utf8_base), false at
+ * the start of a text and after a blank, a quote or an escape.  An
+ * unassigned code point is not hidden: the table would have to follow
+ * every new Unicode version.  *cp (when not NULL) gets the code point. */
+size_t dspk__utf8_hidden(const char *s, size_t n, bool after_base, uint32_t *cp);
+
+/* Whether the character s[0..k), written as itself, is one a combining
+ * mark may sit on: an ASCII letter or digit, or any other character of
+ * more than one byte (a letter of another script, a mark on one).  ASCII
+ * punctuation and blanks are not. */
+bool dspk__utf8_base(const char *s, size_t k);
+
+/* Writes cp's escape, \uNNNN (\UNNNNNNNN above U+FFFF, lowercase hex),
+ * into dst (11 bytes are enough); returns its length. */
+size_t dspk__utf8_hidden_esc(char *dst, uint32_t cp);
 
 /* User text (a configuration line, a command-line argument) made visible
  * for a message that echoes it, so that what cannot be seen can be read:
  * a backslash as \\, tab, LF and CR as \t, \n, \r, the other C0 controls,
  * DEL and every byte that starts no well-formed UTF-8 sequence as \xNN, the
- * C1 controls and the characters that print as nothing or as a plain space
- * (every default-ignorable code point, every format character (Cf), every
- * space separator (Zs) but U+0020, U+2028, U+2029 and U+2800: the table
- * in utf8.c) as \uNNNN, or \UNNNNNNNN above U+FFFF; other characters as
- * they are.
+ * C1 controls and the characters that print as nothing
+ * (dspk__utf8_hidden, the value's start counting as no base) as \uNNNN,
+ * or \UNNNNNNNN above U+FFFF; other characters as they are.
  * Into dst (cap > 0; cut before an escape or character that would not fit,
  * NUL-terminated).  Returns dst. */
 const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n);
 
 /* Names the character that starts s[0..n) for a message that points at
  * it (e.g. "U+0085 is not a letter"), in a form that survives
- * dspk__utf8_echo and dspk__one_line: a control character (dspk__utf8_ctl)
- * or a space as its code point ("U+0009", "U+2028"), an ASCII character in
- * quotes ("'+'"), another one in quotes and by code point ("'é' (U+00E9)",
+ * dspk__utf8_echo and dspk__one_line: a control character (dspk__utf8_ctl),
+ * a space or a character that prints as nothing (dspk__utf8_hidden, with
+ * no base: it is quoted) as its code point ("U+0009", "U+2028",
+ * "U+202E"), an ASCII character in quotes ("'+'"), another one in quotes
+ * and by code point ("'é' (U+00E9)",
  * so that a no-break space is not taken for a space), a byte that starts no
  * well-formed sequence as "byte 0xNN", nothing as "end of text".  Into dst
  * (24 bytes are enough).  Returns dst. */

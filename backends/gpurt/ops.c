@@ -872,7 +872,7 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   }
   r = DRV->module_func(&fn, m->mod, op->u.kernel.entry);
   if (DRV->classify(r) == DSPK__G_NOT_FOUND) {
-    char echo[2 * DSPK__ENTRY_MAX + 2];
+    char echo[DSPK__ECHO_CAP(DSPK__ENTRY_MAX)];
     return dspk__gpurt_msg(ctx, DSPK_EINVAL,
                           "kernel: no entry \"%s\" in the source (declare it extern \"C\" "
                           "__global__)",

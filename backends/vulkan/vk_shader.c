@@ -394,7 +394,7 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
       .layout = k->layout};
   if ((vr = VK(CreateComputePipelines)(d->dev, d->pcache, 1, &ci, NULL, &k->pipe)) !=
       VK_SUCCESS) {
-    char echo[2 * 64 + 2]; /* entry: a client's string (options.entry) */
+    char echo[DSPK__ECHO_CAP(64)]; /* entry: a client's string (options.entry) */
     k->pipe = VK_NULL_HANDLE;
     return dspk__vk_fail(ctx, vr == VK_ERROR_OUT_OF_HOST_MEMORY ||
                                       vr == VK_ERROR_OUT_OF_DEVICE_MEMORY

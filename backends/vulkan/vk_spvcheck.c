@@ -597,7 +597,7 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   if (!ep) {
     /* Vulkan leaves a pipeline of an entry point the module lacks undefined
      * (VkPipelineShaderStageCreateInfo::pName). */
-    char echo[2 * 64 + 2]; /* entry: a client's string (options.entry) */
+    char echo[DSPK__ECHO_CAP(64)]; /* entry: a client's string (options.entry) */
     snprintf(msg, msglen, "spirv: the module has no GLCompute entry point \"%s\"",
              dspk__utf8_echo(echo, sizeof echo, entry, strlen(entry), 64));
     r = DSPK_ECOMPILE;

@@ -66,7 +66,7 @@ int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
   if (vr == SPV_ERROR_OUT_OF_MEMORY) {
     r = DSPK_ENOMEM;
   } else if (vr != SPV_SUCCESS) {
-    char echo[2 * ECHO_MAX + 2];
+    char echo[DSPK__ECHO_CAP(ECHO_MAX)];
     const char *text = diag && diag->error ? diag->error : "";
     dspk__utf8_echo(echo, sizeof echo, text, strlen(text), ECHO_MAX);
     r = dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: invalid SPIR-V module (spirv-val, %s): %s",

@@ -309,5 +309,6 @@ int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
     ctx->sub = "clear";
     return cache_clear(ctx, argc - 1, argv + 1);
   }
-  return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats or clear)", argv[1]);
+  return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats or clear)",
+                         dspk__sub_arg(argv[1]));
 }

@@ -1,6 +1,8 @@
 /* Escaping of the daemon's strings for the terminal (escape.h). */
 #include "client/submit/escape.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,14 +12,16 @@
 size_t dspk__sub_escape(char *dst, size_t cap, const char *s, enum dspk__sub_esc_style st) {
   size_t out = 0, w = 0, n = s ? strlen(s) : 0, i = 0;
   int full = 0;
+  bool base = false; /* LINE: what was written last may carry a combining mark */
 
   while (i < n) {
     const unsigned char c = (unsigned char)s[i];
     size_t k = dspk__utf8_seq(s + i, n - i);
-    char esc[8];
+    char esc[12];
     const char *piece = esc;
     size_t plen;
     unsigned cp = 0x100; /* not a control */
+    uint32_t hcp;
 
     if (k == 1 && (c < 0x20 || c == 0x7f))
       cp = c;
@@ -26,7 +30,10 @@ size_t dspk__sub_escape(char *dst, size_t cap, const char *s, enum dspk__sub_esc
     if (k == 0) {
       snprintf(esc, sizeof esc, st == DSPK__SUB_ESC_JSON ? "\\ufffd" : "\\x%02x", c);
       k = 1;
-    } else if (cp == 0x100)
+    } else if (cp == 0x100 && st == DSPK__SUB_ESC_LINE &&
+               dspk__utf8_hidden(s + i, n - i, base, &hcp))
+      dspk__utf8_hidden_esc(esc, hcp); /* an error line hides nothing */
+    else if (cp == 0x100)
       piece = s + i;
     else if (st == DSPK__SUB_ESC_JSON)
       snprintf(esc, sizeof esc, "\\u%04x", cp);
@@ -47,6 +54,7 @@ size_t dspk__sub_escape(char *dst, size_t cap, const char *s, enum dspk__sub_esc
     } else
       full = 1;
     out += plen;
+    base = piece != esc ? dspk__utf8_base(s + i, k) : false;
     i += k;
   }
   if (cap)

@@ -16,7 +16,11 @@ enum dspk__sub_esc_style {
   /* C0 controls, DEL and C1 controls (U+0080..U+009F) as \xNN, \t, \n,
    * \r, \uNNNN; bytes that start no well-formed UTF-8 character as \xNN. */
   DSPK__SUB_ESC_TEXT,
-  /* Like TEXT, but a newline becomes "; " and a tab a space: one line. */
+  /* Like TEXT, but a newline becomes "; " and a tab a space: one line;
+   * and, as an error line (docs/cli.md), every character that prints as
+   * nothing (dspk__utf8_hidden: a zero-width or bidirectional control, a
+   * no-break space, a combining mark with no base...) as \uNNNN, whoever
+   * wrote it (an argument, the daemon). */
   DSPK__SUB_ESC_LINE,
   /* For JSON text (whose strings libdspkclient already escapes below
    * U+0020): the same characters as \u00NN, ill-formed bytes as \ufffd,

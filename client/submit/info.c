@@ -65,7 +65,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       if (dspk__sub_parse_long(optarg, 1, 1000000, &count) < 0)
         return dspk__sub_usage(ctx, "bad --count '%s' (want a count, 1..1000000)",
-                               optarg);
+                               dspk__sub_arg(optarg));
       break;
     case 's': {
       if ((rc = dspk__sub_once(ctx, &seen_size, opt, argv)) != 0)
@@ -73,7 +73,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, 64u << 20, &v) < 0)
         return dspk__sub_usage(ctx, "bad --size '%s' (want a size, 0..64M bytes)",
-                               optarg);
+                               dspk__sub_arg(optarg));
       size = (long)v;
       break;
     }

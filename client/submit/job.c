@@ -75,7 +75,8 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   else if (strcmp(argv[1], "end") == 0)
     reg = false;
   else
-    return dspk__sub_usage(ctx, "unknown subcommand '%s' (want register or end)", argv[1]);
+    return dspk__sub_usage(ctx, "unknown subcommand '%s' (want register or end)",
+                           dspk__sub_arg(argv[1]));
   ctx->sub = argv[1];
   const dspk__sub_optset *set = &dspk__sub_job_optsets[reg ? 0 : 1];
   const struct option *opts = set->opts;
@@ -110,14 +111,14 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (parse_id(jobs, true, UINT64_MAX, &job) != 0)
     return dspk__sub_usage(ctx, "bad %s '%s' (want a Slurm job id, a decimal number from 1 "
                            "to %llu without leading zeros, signs or blanks)",
-                           seen_job ? "--job" : "$SLURM_JOB_ID", jobs,
+                           seen_job ? "--job" : "$SLURM_JOB_ID", dspk__sub_arg(jobs),
                            (unsigned long long)UINT64_MAX);
   if (reg && (!uids || (!*uids && !seen_uid)))
     return dspk__sub_usage(ctx, "--uid: the job's uid (default $SLURM_JOB_UID) is needed");
   if (reg && parse_id(uids, false, 0xfffffffeULL, &uid) != 0)
     return dspk__sub_usage(ctx, "bad %s '%s' (want a uid, a decimal number from 0 to "
                            "4294967294 without leading zeros, signs or blanks)",
-                           seen_uid ? "--uid" : "$SLURM_JOB_UID", uids);
+                           seen_uid ? "--uid" : "$SLURM_JOB_UID", dspk__sub_arg(uids));
   if (devs) {
     if (strlen(devs) >= sizeof devbuf)
       return dspk__sub_usage(ctx, "--devices: too long");
@@ -133,10 +134,11 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
       /* Items counted from 1, as a person reads the list. */
       if (len == 0)
         return dspk__sub_usage(ctx, "--devices '%s': item %d is empty (want UUID,UUID,... "
-                                    "with no empty item)", devs, (int)n + 1);
+                                    "with no empty item)", dspk__sub_arg(devs), (int)n + 1);
       if (t[len + strspn(t + len, " ")] != '\0')
         return dspk__sub_usage(ctx, "--devices '%s': item %d '%s' holds a blank (want "
-                                    "UUID,UUID,...; one UUID an item)", devs, (int)n + 1, t);
+                                    "UUID,UUID,...; one UUID an item)", dspk__sub_arg(devs),
+                               (int)n + 1, dspk__sub_arg(t));
       t[len] = '\0';
       if (n == MAX_UUIDS)
         return dspk__sub_usage(ctx, "--devices: at most %d UUIDs", MAX_UUIDS);

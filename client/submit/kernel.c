@@ -45,12 +45,13 @@ static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
   char *buf;
   if (dspk__std_closed(dspk__fd_alias(path)))
     return dspk__sub_fail(ctx, DSPK_ENOENT, "%s: descriptor %d is not open",
-                          strcmp(path, "-") == 0 ? "<stdin>" : path, dspk__fd_alias(path));
+                          strcmp(path, "-") == 0 ? "<stdin>" : dspk__sub_arg(path),
+                          dspk__fd_alias(path));
   f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
     return dspk__sub_fail(ctx, e == ENOENT ? DSPK_ENOENT : DSPK_EIO, "%s: %s",
-                          path, strerror(e));
+                          dspk__sub_arg(path), strerror(e));
   }
   buf = malloc(cap);
   while (buf != NULL) {
@@ -66,7 +67,7 @@ static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
         if (f != stdin)
           fclose(f);
         return dspk__sub_fail(ctx, DSPK_ELIMIT,
-                              "%s: source larger than %u bytes", path,
+                              "%s: source larger than %u bytes", dspk__sub_arg(path),
                               KERNEL_MAX_SOURCE);
       }
       buf = nb;
@@ -77,7 +78,7 @@ static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
     free(buf);
     if (f != stdin)
       fclose(f);
-    return dspk__sub_fail(ctx, DSPK_EIO, "%s: cannot read", path);
+    return dspk__sub_fail(ctx, DSPK_EIO, "%s: cannot read", dspk__sub_arg(path));
   }
   if (f != stdin)
     fclose(f);
@@ -127,24 +128,26 @@ static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
   dims = strchr(buf, ':');
   memset(a, 0, sizeof *a);
   if (dims == NULL)
-    return dspk__sub_usage(ctx, "bad '%s' (want zeros:DTYPE:D0xD1...)", spec);
+    return dspk__sub_usage(ctx, "bad '%s' (want zeros:DTYPE:D0xD1...)", dspk__sub_arg(spec));
   *dims++ = '\0';
   if (dspk_dtype_from_name(dt, &a->dtype) < 0)
-    return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dt, spec);
+    return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dspk__sub_arg(dt), dspk__sub_arg(spec));
   a->count = 1;
   n = dspk__sub_split(dims, "x,", dbuf, sizeof dbuf, items, DSPK_MAX_RANK + 1);
   if (n > DSPK_MAX_RANK)
-    return dspk__sub_usage(ctx, "bad shape in '%s' (want at most %d dimensions)", spec,
+    return dspk__sub_usage(ctx, "bad shape in '%s' (want at most %d dimensions)",
+                           dspk__sub_arg(spec),
                            DSPK_MAX_RANK);
   if (n < 0)
     return dspk__sub_usage(ctx, "bad shape in '%s' (want D0xD1... with no empty item)",
-                           spec);
+                           dspk__sub_arg(spec));
   for (int i = 0; i < n; i++) {
     unsigned long long v;
     /* Digits alone; a number past 64 bits is as large as any. */
     if (items[i][strspn(items[i], "0123456789")] != '\0')
-      return dspk__sub_usage(ctx, "bad dimension '%s' in '%s' (want 0..%llu)", items[i],
-                             spec, ZEROS_MAX_COUNT);
+      return dspk__sub_usage(ctx, "bad dimension '%s' in '%s' (want 0..%llu)",
+                             dspk__sub_arg(items[i]),
+                             dspk__sub_arg(spec), ZEROS_MAX_COUNT);
     errno = 0;
     v = strtoull(items[i], NULL, 10);
     big = big || errno == ERANGE || v > ZEROS_MAX_COUNT;
@@ -154,12 +157,13 @@ static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
   }
   is = dspk_dtype_size(a->dtype);
   if (big)
-    return dspk__sub_usage(ctx, "'%s' is too large (want at most %llu elements)", spec,
+    return dspk__sub_usage(ctx, "'%s' is too large (want at most %llu elements)",
+                           dspk__sub_arg(spec),
                            ZEROS_MAX_COUNT);
   a->nbytes = (size_t)a->count * is;
   a->data = calloc(1, a->nbytes ? a->nbytes : 1);
   if (a->data == NULL)
-    return dspk__sub_fail(ctx, DSPK_ENOMEM, "out of memory for '%s'", spec);
+    return dspk__sub_fail(ctx, DSPK_ENOMEM, "out of memory for '%s'", dspk__sub_arg(spec));
   return 0;
 }
 
@@ -184,16 +188,17 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
   if (strncmp(spec, "f32", 3) == 0 || strncmp(spec, "f64", 3) == 0) {
     if ((prc = dspk__sub_parse_double(v, &d)) == -2)
       return dspk__sub_usage(ctx, "bad %.3s in '%s' (beyond %.3s's range)", spec,
-                             spec, spec);
+                             dspk__sub_arg(spec), spec);
     if (prc < 0)
-      return dspk__sub_usage(ctx, "bad %.3s in '%s' (want a number)", spec, spec);
+      return dspk__sub_usage(ctx, "bad %.3s in '%s' (want a number)", spec,
+                             dspk__sub_arg(spec));
     k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
     /* A value that rounds (to nearest even) to an infinity is refused like
      * an f64 beyond f64's: |d| >= 2^128 - 2^103, the midpoint between
      * FLT_MAX and 2^128 (below it, 3.4028235e38 say, it rounds to FLT_MAX;
      * the daemon's rule, proto/dtype.h; "inf" and "nan" are f32 values). */
     if (k->kind == DSPK_KARG_F32 && fabs(d) >= 0x1.ffffffp127 && !isinf(d))
-      return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", spec);
+      return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", dspk__sub_arg(spec));
     /* An f32 read from the text at once (strtof rounds the decimal value
      * once): (float) of the double rounds twice (9007199791611905, that is
      * 2^53 + 2^29 + 1, became the tie 2^53 + 2^29, then 2^53, not the nearest
@@ -203,7 +208,7 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
     if (k->kind == DSPK_KARG_F32) {
       k->v.f32 = strtof(v, NULL);
       if (isinf(k->v.f32) && !isinf(d))
-        return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", spec);
+        return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", dspk__sub_arg(spec));
     } else
       k->v.f64 = d;
     return 0;
@@ -213,7 +218,8 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
       continue;
     if (dspk__sub_parse_long(v, int_kinds[i].lo, int_kinds[i].hi, &l) < 0)
       return dspk__sub_usage(ctx, "bad %s in '%s' (want an integer, %ld..%ld)",
-                             int_kinds[i].name, spec, int_kinds[i].lo, int_kinds[i].hi);
+                             int_kinds[i].name, dspk__sub_arg(spec), int_kinds[i].lo,
+                             int_kinds[i].hi);
     k->kind = int_kinds[i].kind;
     if (k->kind == DSPK_KARG_I32)
       k->v.i32 = (int32_t)l;
@@ -390,7 +396,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       if (parse_dim3(optarg, grid) < 0)
         return dspk__sub_usage(ctx, "bad --grid '%s' (want X[,Y[,Z]], each "
-                                    "1..4294967295)", optarg);
+                                    "1..4294967295)", dspk__sub_arg(optarg));
       have_grid = true;
       break;
     case 'b':
@@ -398,7 +404,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       if (parse_dim3(optarg, block) < 0)
         return dspk__sub_usage(ctx, "bad --block '%s' (want X[,Y[,Z]], each "
-                                    "1..4294967295)", optarg);
+                                    "1..4294967295)", dspk__sub_arg(optarg));
       have_block = true;
       break;
     case 's': {
@@ -408,7 +414,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       if (dspk__sub_parse_size(optarg, 0, UINT32_MAX, &v) < 0)
         return dspk__sub_usage(ctx, "bad --shared '%s' (want a size, 0..4294967295 "
                                     "bytes, e.g. 4096 or 48K)",
-                               optarg);
+                               dspk__sub_arg(optarg));
       shared = (long)v;
       break;
     }
@@ -419,7 +425,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
           strcmp(optarg, "glsl") && strcmp(optarg, "spirv"))
         return dspk__sub_usage(ctx, "bad --lang '%s' (want cuda, hip, glsl "
                                     "or spirv)",
-                               optarg);
+                               dspk__sub_arg(optarg));
       lang = optarg;
       break;
     case 'd':
@@ -444,9 +450,10 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
         snprintf(num, sizeof num, "%.*s", (int)nd, optarg);
         if (nd >= sizeof num ||
             dspk__sub_parse_long(num, 0, KERNEL_MAX_TENSORS - 1, &k) != 0)
-          return dspk__sub_usage(ctx, "-o %s: there is no tensor argument %.*s (a kernel "
+          return dspk__sub_usage(ctx, "-o %s: there is no tensor argument %s (a kernel "
                                       "has at most %d, 0 to %d)",
-                                 optarg, (int)nd, optarg, KERNEL_MAX_TENSORS,
+                                 dspk__sub_arg(optarg), dspk__sub_arg_n(optarg, nd),
+                                 KERNEL_MAX_TENSORS,
                                  KERNEL_MAX_TENSORS - 1);
         optarg = (char *)eq + 1;
       }

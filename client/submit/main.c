@@ -586,7 +586,7 @@ static int check_size_env(const dspk__sub_ctx *ctx) {
       dspk__sub_fail(ctx, DSPK_EINVAL, "bad value of $%s '%s': want a size of at most "
                      "1T, digits and an optional unit K, M, G, T or KiB, MiB, GiB, "
                      "TiB (no sign, spaces or fractions); unset it for the default",
-                     size_env[i].name, e);
+                     size_env[i].name, dspk__sub_arg(e));
       return DSPK__SUB_EXIT_USAGE;
     }
   }
@@ -772,14 +772,14 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
         strncmp(why, too_long, sizeof too_long - 1) == 0) {
       snprintf(hint, sizeof hint, "socket path from --socket longer than %s",
                why + sizeof too_long - 1);
-      return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s", shown, hint);
+      return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s", dspk__sub_arg(shown), hint);
     }
     if ((rc == DSPK_ECONNECT || (rc == DSPK_EPERM && strstr(why, "allow_") == NULL)) &&
         stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on (EPERM
        * too, where this user may not write it: no mode would help). */
       snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
-               "$DSPK_SOCKET", shown, file_kind(st.st_mode));
+               "$DSPK_SOCKET", dspk__sub_arg(shown), file_kind(st.st_mode));
     } else if (rc == DSPK_ECONNECT) {
       snprintf(hint, sizeof hint,
                "; is dspkd running? See 'systemctl status dspkd.socket "
@@ -788,7 +788,7 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     } else if (rc == DSPK_EPERM && strstr(why, "allow_") == NULL) {
       eperm_hint(shown, hint, sizeof hint);
     }
-    return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s%s", shown, why,
+    return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s%s", dspk__sub_arg(shown), why,
                           hint);
   }
 }
@@ -1350,11 +1350,11 @@ static int help_command(dspk__sub_ctx *ctx, int n, char **args) {
     if (args[i][0] != '-' || args[i][1] == '\0' || strcmp(args[i], "--") == 0) {
       if (name != NULL)
         return dspk__sub_usage(ctx, "takes one COMMAND at most, got extra argument '%s'",
-                               args[i]);
+                               dspk__sub_arg(args[i]));
       name = args[i];
       if (strcmp(name, "help") != 0 && find_cmd(name) == NULL) {
         ctx->cmd = NULL;
-        return dspk__sub_usage(ctx, "unknown command '%s'", name);
+        return dspk__sub_usage(ctx, "unknown command '%s'", dspk__sub_arg(name));
       }
       continue;
     }
@@ -1418,7 +1418,7 @@ int main(int argc, char **argv) {
     return help_command(&ctx, argc - optind, argv + optind);
   cmd = find_cmd(argv[optind]);
   if (cmd == NULL)
-    return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind]);
+    return dspk__sub_usage(&ctx, "unknown command '%s'", dspk__sub_arg(argv[optind]));
   ctx.cmd = cmd->name;
   /* COMMAND --help prints the help whatever the environment holds, as
    * "help COMMAND" does: the environment is checked for the commands that

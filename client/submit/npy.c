@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "dspk/errors.h"
+#include "proto/utf8.h"
 
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -431,7 +432,7 @@ static void prefix_name(char *err, size_t errlen, const char *name) {
   if (err == NULL || errlen == 0)
     return;
   snprintf(tmp, sizeof tmp, "%s", err);
-  snprintf(err, errlen, "%s: %s", name, tmp);
+  snprintf(err, errlen, "%s: %s", dspk__npy_shown(name), tmp);
 }
 
 /* Parses a whole .npy image (len bytes at b): the header into *h, and
@@ -695,7 +696,7 @@ int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
      * stream that has it holds more than its header says. */
     size_t want = known ? total + 1 : SIZE_MAX;
     if (buf == NULL) {
-      seterr(err, errlen, "%s: out of memory after %zu bytes", name, len);
+      seterr(err, errlen, "%s: out of memory after %zu bytes", dspk__npy_shown(name), len);
       return DSPK_ENOMEM;
     }
     if (len == cap) {
@@ -713,7 +714,7 @@ int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
     if (r < 0) {
       int e = errno;
       free(buf);
-      seterr(err, errlen, "%s: %s", name, strerror(e));
+      seterr(err, errlen, "%s: %s", dspk__npy_shown(name), strerror(e));
       return DSPK_EIO;
     }
     if (r == 0)
@@ -853,7 +854,7 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
 
   memset(&h, 0, sizeof h);
   if (rank < 0 || rank > DSPK_MAX_RANK) {
-    seterr(err, errlen, "%s: rank %d above the limit %d", path, rank,
+    seterr(err, errlen, "%s: rank %d above the limit %d", dspk__npy_shown(path), rank,
            DSPK_MAX_RANK);
     return DSPK_ELIMIT;
   }
@@ -864,7 +865,7 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
   {
     char why[96];
     if ((rc = dspk__npy_writable(dtype, why, sizeof why)) < 0) {
-      seterr(err, errlen, "%s: %s", path, why);
+      seterr(err, errlen, "%s: %s", dspk__npy_shown(path), why);
       return rc;
     }
   }
@@ -949,6 +950,13 @@ void dspk__npy_free(dspk__npy *a) {
   memset(a, 0, sizeof *a);
 }
 
+const char *dspk__npy_shown(const char *s) {
+  static char bufs[8][1024];
+  static unsigned next;
+  char *b = bufs[next++ % 8];
+  return dspk__utf8_visible(b, sizeof bufs[0], s ? s : "", s ? strlen(s) : 0);
+}
+
 size_t dspk__npz_path_len(const char *spec) {
   const char *npz = NULL;
   for (const char *p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
@@ -963,7 +971,7 @@ int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
 
   if (dspk__std_closed(fd)) {
     seterr(err, errlen, "%s: descriptor %d is not open",
-           strcmp(spec, "-") == 0 ? "<stdin>" : spec, fd);
+           strcmp(spec, "-") == 0 ? "<stdin>" : dspk__npy_shown(spec), fd);
     return DSPK_ENOENT;
   }
   if (strcmp(spec, "-") == 0)

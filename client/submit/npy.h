@@ -139,6 +139,12 @@ int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
  * spec names no member of an archive. */
 size_t dspk__npz_path_len(const char *spec);
 
+/* A file name or an .npz member as this module's messages name it: as
+ * docs/cli.md says an error line echoes an argument (dspk__utf8_visible:
+ * a backslash as \\\\, U+200B as \\u200b, a byte that is not UTF-8 as
+ * \\xNN...), in one of 8 rotating buffers of 1 KiB (cut to fit). */
+const char *dspk__npy_shown(const char *s);
+
 /* Frees the data of a (accepts NULL and a zeroed struct); a is zeroed. */
 void dspk__npy_free(dspk__npy *a);
 

@@ -207,7 +207,7 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
                   e == ENOENT || e == ENOTDIR ? DSPK_ENOENT
                   : e == EACCES || e == EPERM ? DSPK_EPERM
                                               : DSPK_EIO,
-                  "%s: %s", path, strerror(e));
+                  "%s: %s", dspk__npy_shown(path), strerror(e));
     }
     close(fd);
   }
@@ -220,28 +220,31 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
               : zerr == ZIP_ER_OPEN || zerr == ZIP_ER_READ ? DSPK_EIO
               : zerr == ZIP_ER_MEMORY                   ? DSPK_ENOMEM
                                                         : DSPK_EINVAL,
-              "%s: %s%s", path, Z.zip_error_strerror(&ze),
+              "%s: %s%s", dspk__npy_shown(path), Z.zip_error_strerror(&ze),
               zerr == ZIP_ER_NOZIP ? " (an .npz is a zip archive)" : "");
     Z.zip_error_fini(&ze);
     return rc;
   }
   list_members(za, names, sizeof names);
   if (Z.zip_get_num_entries(za, 0) == 0) {
-    rc = fail(err, errlen, DSPK_EINVAL, "%s: the archive holds no arrays", path);
+    rc = fail(err, errlen, DSPK_EINVAL, "%s: the archive holds no arrays",
+              dspk__npy_shown(path));
     goto out;
   }
   if (member == NULL) {
     if (!one_name(za)) {
       rc = fail(err, errlen, DSPK_EINVAL,
                 "%s: the archive holds %lld arrays (%s); name one as %s:NAME",
-                path, (long long)Z.zip_get_num_entries(za, 0), names, path);
+                dspk__npy_shown(path), (long long)Z.zip_get_num_entries(za, 0), names,
+                dspk__npy_shown(path));
       goto out;
     }
     idx = Z.zip_get_num_entries(za, 0) - 1;
     snprintf(label, sizeof label, "%s", path);
   } else {
     if (member[0] == '\0') {
-      rc = fail(err, errlen, DSPK_EINVAL, "%s: empty array name after ':'", path);
+      rc = fail(err, errlen, DSPK_EINVAL, "%s: empty array name after ':'",
+                dspk__npy_shown(path));
       goto out;
     }
     /* numpy's order: an entry named NAME itself, else NAME.npy. */
@@ -252,28 +255,28 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
     snprintf(label, sizeof label, "%s:%s", path, member);
     if (idx < 0) {
       rc = fail(err, errlen, DSPK_ENOENT, "%s: no array '%s' in the archive (it has: %s)",
-                path, member, names);
+                dspk__npy_shown(path), dspk__npy_shown(member), names);
       goto out;
     }
   }
   if (Z.zip_stat_index(za, (zip_uint64_t)idx, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE)) {
-    rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", label, Z.zip_strerror(za));
+    rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", dspk__npy_shown(label), Z.zip_strerror(za));
     goto out;
   }
   if (st.size > SIZE_MAX - 1 || (buf = malloc(st.size ? (size_t)st.size : 1)) == NULL) {
-    rc = fail(err, errlen, DSPK_ENOMEM, "%s: out of memory for %llu bytes", label,
+    rc = fail(err, errlen, DSPK_ENOMEM, "%s: out of memory for %llu bytes", dspk__npy_shown(label),
               (unsigned long long)st.size);
     goto out;
   }
   zf = Z.zip_fopen_index(za, (zip_uint64_t)idx, 0);
   if (zf == NULL) {
-    rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", label, Z.zip_strerror(za));
+    rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", dspk__npy_shown(label), Z.zip_strerror(za));
     goto out;
   }
   for (zip_uint64_t done = 0; done < st.size; done += (zip_uint64_t)got) {
     got = Z.zip_fread(zf, buf + done, st.size - done);
     if (got <= 0) {
-      rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", label,
+      rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", dspk__npy_shown(label),
                 got < 0 ? Z.zip_file_strerror(zf) : "member shorter than its header says");
       goto out;
     }
@@ -281,7 +284,7 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
   /* Reading past the end checks the CRC and that no bytes are left. */
   got = Z.zip_fread(zf, &extra, 1);
   if (got != 0) {
-    rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", label,
+    rc = fail(err, errlen, DSPK_EINVAL, "%s: %s", dspk__npy_shown(label),
               got < 0 ? Z.zip_file_strerror(zf) : "member longer than its header says");
     goto out;
   }

@@ -57,12 +57,12 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   int n = dspk__sub_split(arg, ",", buf, sizeof buf, items, DSPK_MAX_RANK + 1);
   if (n < 0)
     return dspk__sub_usage(ctx, "bad --axis '%s' (want K or K,K,... with no "
-                                "empty item)", arg);
+                                "empty item)", dspk__sub_arg(arg));
   for (int i = 0; i < n; i++) {
     long k;
     if (dspk__sub_parse_long(items[i], -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
       return dspk__sub_usage(ctx, "bad --axis '%s' (want an axis, -%d..%d)",
-                             items[i], DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
+                             dspk__sub_arg(items[i]), DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
     if (a->naxes >= DSPK_MAX_RANK)
       return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);
     a->axes[a->naxes++] = (int)k;
@@ -150,7 +150,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       if ((rc = dspk__sub_once(ctx, &seen_alpha, opt, argv)) != 0)
         return rc;
       if ((rc = dspk__sub_parse_double(optarg, &a->alpha)) < 0)
-        return dspk__sub_usage(ctx, "bad --alpha '%s' (%s)", optarg,
+        return dspk__sub_usage(ctx, "bad --alpha '%s' (%s)", dspk__sub_arg(optarg),
                                rc == -2 ? "beyond f64's range" : "want a number");
       a->have_alpha = true;
       break;
@@ -158,7 +158,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       if ((rc = dspk__sub_once(ctx, &seen_beta, opt, argv)) != 0)
         return rc;
       if ((rc = dspk__sub_parse_double(optarg, &a->beta)) < 0)
-        return dspk__sub_usage(ctx, "bad --beta '%s' (%s)", optarg,
+        return dspk__sub_usage(ctx, "bad --beta '%s' (%s)", dspk__sub_arg(optarg),
                                rc == -2 ? "beyond f64's range" : "want a number");
       a->have_beta = true;
       break;
@@ -877,7 +877,7 @@ int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (fn < 0)
     return dspk__sub_usage(ctx, "unknown reduction '%s' (want sum, max, min "
                                 "or mean)",
-                           a.pos[0]);
+                           dspk__sub_arg(a.pos[0]));
   dspk_task_init(&t, DSPK_OP_REDUCE);
   t.reduce.fn = (dspk_reduce)fn;
   t.reduce.naxes = a.naxes;
@@ -909,7 +909,7 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (fn < 0)
     return dspk__sub_usage(ctx, "unknown function '%s' (want add, sub, mul, "
                                 "scale, axpy, abs or exp)",
-                           a.pos[0]);
+                           dspk__sub_arg(a.pos[0]));
   if (a.npos - 1 != fns[fn].nin)
     return dspk__sub_usage(ctx, "map %s takes %d input%s, got %d", a.pos[0],
                            fns[fn].nin, fns[fn].nin == 1 ? "" : "s",
@@ -948,9 +948,9 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
     dspk__outfile_abort(of);
     if (dash || of->to_stdout)
       return dspk__sub_usage(ctx, "-o %s: standard output is a terminal; redirect it to a "
-                                  "file or a pipe", path);
+                                  "file or a pipe", dspk__sub_arg(path));
     return dspk__sub_usage(ctx, "-o %s: that is a terminal, where a .npy does not go; name "
-                                "a file or a pipe", path);
+                                "a file or a pipe", dspk__sub_arg(path));
   }
   return 0;
 }
@@ -1028,10 +1028,11 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
       if (fds[j] == fds[i]) {
         if (fds[i] == STDIN_FILENO)
           dspk__sub_usage(ctx, "standard input can be read only once ('%s' and '%s' "
-                               "both read it)", files[j], files[i]);
+                               "both read it)", dspk__sub_arg(files[j]), dspk__sub_arg(files[i]));
         else
           dspk__sub_usage(ctx, "descriptor %d can be read only once ('%s' and '%s' "
-                               "both read it)", fds[i], files[j], files[i]);
+                               "both read it)", fds[i], dspk__sub_arg(files[j]),
+                          dspk__sub_arg(files[i]));
         return -1;
       }
     if (isatty(fds[i]) == 1) {
@@ -1039,10 +1040,11 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
       bool source = i == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
       if (fds[i] == STDIN_FILENO)
         dspk__sub_usage(ctx, "%s: standard input is a terminal; pipe %s into it",
-                        files[i], source ? "the kernel source" : "a .npy");
+                        dspk__sub_arg(files[i]), source ? "the kernel source" : "a .npy");
       else
         dspk__sub_usage(ctx, "%s: descriptor %d is a terminal; pipe %s into it",
-                        files[i], fds[i], source ? "the kernel source" : "a .npy");
+                        dspk__sub_arg(files[i]), fds[i],
+                        source ? "the kernel source" : "a .npy");
       return -1;
     }
   }

@@ -207,7 +207,8 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
       if ((rc = dspk__sub_once(ctx, &seen_interval, opt, argv)) != 0)
         return rc;
       if (dspk__sub_parse_double(optarg, &interval) < 0 || !(interval >= 0.1 && interval <= 3600))
-        return dspk__sub_usage(ctx, "bad --interval '%s' (want 0.1 to 3600 seconds)", optarg);
+        return dspk__sub_usage(ctx, "bad --interval '%s' (want 0.1 to 3600 seconds)",
+                               dspk__sub_arg(optarg));
       break;
     case '1':
       once = true;

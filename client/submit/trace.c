@@ -46,7 +46,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       if (dspk__sub_parse_double(optarg, &seconds) < 0 || !(seconds > 0 && seconds <= 600))
         return dspk__sub_usage(ctx, "bad --seconds '%s' (want more than 0, at most 600)",
-                               optarg);
+                               dspk__sub_arg(optarg));
       break;
     DSPK__SUB_OPT_CASES(ctx, opt, argv, summary, opts);
     }
@@ -61,7 +61,8 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return rc;
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", strcmp(out, "-") == 0 ? "<stdout>" : out, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s",
+                          strcmp(out, "-") == 0 ? "<stdout>" : dspk__sub_arg(out), err);
   if (summary && of.to_stdout) {
     dspk__outfile_abort(&of);
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not standard output");
@@ -94,7 +95,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
       rc = DSPK_EIO;
     }
     dspk_free(json);
-    return dspk__sub_fail(ctx, rc, "%s: %s", out, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s", dspk__sub_arg(out), err);
   }
   if (summary) {
     /* The numbers of the trace's otherData (lib_observe.c writes it last). */

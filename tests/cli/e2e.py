@@ -1249,6 +1249,7 @@ def suite_errors(cli, tmp):
     result_line_names(cli, tmp, a34)
     nan_text(cli, tmp)
     value_text(cli, tmp)
+    typed_text_escaped(cli, tmp, a34)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
@@ -1598,6 +1599,63 @@ def run_on_pty(argv):
     rc = p.wait(timeout=60)
     os.close(master)
     return rc, out.decode(), tty
+
+
+def typed_text_escaped(cli, tmp, a34):
+    """Every error line that echoes what was typed (a file name, an .npz
+    member, -o and -S paths, a function, reduction or command name, an
+    option's value, a device) shows it as docs/cli.md says: a backslash as
+    \\\\, what prints as nothing (U+200B, U+00A0, U+FEFF, a combining mark
+    first, U+202E) as \\uNNNN; they were raw, so "x\u200by.npy" and
+    "xy.npy" looked alike (probe 15 D 2)."""
+    z, zs = "\u200b\\", "\\u200b\\\\"  # typed, and as the line shows it
+    i8 = os.path.join(tmp, "i" + z + ".npy")
+    np.save(i8, np.ones(3, "<i8"))
+    npz = os.path.join(tmp, "esc.npz")
+    np.savez(npz, a=np.ones(3, "<f4"))
+    src = os.path.join(tmp, "esc.comp")
+    with open(src, "w") as f:
+        f.write("void main() {}\n")
+    k = ["kernel", src, "--entry", "main"]
+    nosock = os.path.join(tmp, "no" + z + "sock")
+    cases = [
+        (["gemm", os.path.join(tmp, "x" + z + "y.npy"), a34], "gemm", "ENOENT",
+         os.path.join(tmp, "x" + zs + "y.npy") + ": No such file or directory"),
+        (["fft", os.path.join(tmp, "x\u00a0y.npz:n")], "fft", "ENOENT",
+         os.path.join(tmp, "x\\u00a0y.npz") + ": No such file or directory"),
+        (["reduce", "sum", os.path.join(tmp, "q\ufeff.npy")], "reduce", "ENOENT",
+         os.path.join(tmp, "q\\ufeff.npy") + ": "),
+        (["fft", i8], "fft", "EDTYPE",
+         os.path.join(tmp, "i" + zs + ".npy") + ": unsupported dtype"),
+        (["fft", npz + ":m" + z], "fft", "ENOENT", "no array 'm" + zs + "' in the archive"),
+        (["trace", "-s", "0.1", "-o", os.path.join(tmp, "none", "t" + z + ".json")],
+         "trace", None, os.path.join(tmp, "none", "t" + zs + ".json") + ": "),
+        (["--socket", nosock, "ping"], "ping", "ECONNECT",
+         "cannot connect to " + os.path.join(tmp, "no" + zs + "sock") + ": "),
+        (["reduce", "s" + z + "um", a34], "reduce", "EINVAL",
+         "unknown reduction 's" + zs + "um'"),
+        (["reduce", "\u0301sum", a34], "reduce", "EINVAL", "unknown reduction '\\u0301sum'"),
+        (["map", "ad\\d", a34, a34], "map", "EINVAL", "unknown function 'ad\\\\d'"),
+        (["map", "scale", a34, "--alpha", "1" + z], "map", "EINVAL",
+         "bad --alpha '1" + zs + "'"),
+        (["ping", "-c", "1" + z], "ping", "EINVAL", "bad --count '1" + zs + "'"),
+        (k + ["--lang", "gl" + z + "sl"], "kernel", "EINVAL", "bad --lang 'gl" + zs + "sl'"),
+        (k + ["--grid", "1" + z, "--block", "1"], "kernel", "EINVAL",
+         "bad --grid '1" + zs + "'"),
+        (k + ["--grid", "1", "--block", "1", "zeros:f32:1" + z], "kernel", "EINVAL",
+         "bad dimension '1" + zs + "' in 'zeros:f32:1" + zs + "'"),
+        (["pi" + z + "ng"], None, "EINVAL", "unknown command 'pi" + zs + "ng'"),
+        (["map", "abs", a34, "-d", "cpu:0" + z], "map", "ENODEV",
+         'no device "cpu:0' + zs + '"'),
+        (["map", "abs", a34, "-d", "cpu:0\u202e0"], "map", "ENODEV",
+         'no device "cpu:0\\u202e0"'),
+    ]
+    for args, cmd, ename, want in cases:
+        sock = args[0] != "--socket"
+        rc_want = 2 if ename == "EINVAL" else 1
+        err = cli.fails(args, cmd, ename, rc_want=rc_want, detail=want, sock=sock)
+        for ch in "\u200b\u00a0\ufeff\u0301\u202e":
+            check(ch not in err, "%r: U+%04X raw in %r" % (args, ord(ch), err))
 
 
 def suite_fake(cli, tmp):

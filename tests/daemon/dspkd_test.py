@@ -1417,7 +1417,8 @@ def raw_request(msgid, method_bytes, args_packed=None):
 
 def t_utf8(exe, tmp):
     """Client strings echoed in error messages: cut at a character boundary,
-    and invalid UTF-8 replaced, so every answer is a valid msgpack str."""
+    and invalid UTF-8 replaced, so every answer is a valid msgpack str; what
+    prints as nothing escaped, in the answer and the log."""
     d = Daemon(exe, tmp)
     e_acute = "\u00e9".encode()
     # The method name is echoed cut at 64 bytes: a two-byte character
@@ -1464,7 +1465,34 @@ def t_utf8(exe, tmp):
     s.close()
     names = [c["name"] for c in got[2][3]["clients"]]
     check("n\ufffdme" in names, "sanitized name in status: %r" % names)
+    # What prints as nothing in a client's strings (a right-to-left
+    # override, zero-width characters, a byte order mark, a combining mark
+    # with no base, a private-use character) is \uNNNN in its answer and in
+    # the log, a backslash \\: no client reorders or hides a part of an
+    # admin's log line (probe 15 E 3, E 10).
+    c = d.client()
+    x = np.ones((2, 2), np.float32)
+    msgs = []
+    for dev, want in (("cpu:0\u202e0=diu", 'no device "cpu:0\\u202e0=diu"'),
+                      ("x\u200b\u2066y\ufeff\\", 'no device "x\\u200b\\u2066y\\ufeff\\\\"'),
+                      ("\u0301\ue000", 'no device "\\u0301\\ue000"')):
+        e = c.expect_error("ENODEV", "task.run", {"op": "gemm", "device": dev,
+                                                  "inputs": [tensor(x), tensor(x)]})
+        msgs.append(e.err["message"])
+        check(want in e.err["message"], "escaped in the answer: %r" % e.err["message"])
+    e = c.expect_error("EINVAL", "task.run", {"op": "contract", "device": "cpu:0",
+                                              "options": {"subscripts": "ij,j\u202ek->ik"},
+                                              "inputs": [tensor(x), tensor(x)]})
+    check('"ij,j\\u202ek->ik": U+202E is not a letter' in e.err["message"],
+          "contract names the override by its code point: %r" % e.err["message"])
+    c.close()
     d.stop()
+    log = d.logtext()
+    for ch in "\u202e\u2066\u200b\ufeff\ue000":
+        check(ch not in log, "U+%04X raw in the log:\n%s" % (ord(ch), log[-2000:]))
+    for want in ('device="cpu:0\\u202e0\\=diu" op=gemm', 'device="x\\u200b\\u2066y\\ufeff\\\\"',
+                 'device="\\u0301\\ue000"', 'ENODEV: ' + msgs[0]):
+        check(want in log, "%r in the log:\n%s" % (want, log[-2000:]))
 
 
 def lazy_user_finishes(d, root, pid, r1, w2, how):

@@ -6,7 +6,8 @@
  * priority when JOURNAL_STREAM names that file (as systemd does for the
  * journal), the failed-task line with its fields, a multi-line message
  * folded onto one line, control characters (C1 and U+2028/U+2029 too) a
- * space each, levels above the threshold left out.
+ * space each, characters that print as nothing \uNNNN (a client's
+ * bidirectional controls too), levels above the threshold left out.
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -91,6 +92,12 @@ static void test_journal_lines(void **state) {
                         DSPK_ENODEV, "m");
   dspkd_log_task_failed(1000, "cpu x\"\\", "a\xe2\x80\xa8" "b", 1, 2, DSPK_ENODEV, "m");
   dspkd_info("cut \xc3");
+  /* A client's bidirectional control, zero-width characters, byte order
+   * mark and a combining mark with no base (on the opening quote), in the
+   * fields and in the message: \uNNNN each, so that none reorders or
+   * hides a part of the admin's line (probe 15 E 3). */
+  dspkd_log_task_failed(1000, "cpu:0\xe2\x80\xae" "0=diu", "\xcc\x81gemm", 1, 2, DSPK_ENODEV,
+                        "no device \"x\xe2\x80\x8b\xe2\x81\xa6y\xef\xbb\xbf\"");
 
   assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
   close(saved);
@@ -108,13 +115,15 @@ static void test_journal_lines(void **state) {
            "<6>task failed: device=cpu:0 op=map client=3 pid=42: ECANCELED: task canceled\n"
            "<4>task failed: device=vulkan:0 op=fft client=1 pid=9: ENOMEM: out of memory\n"
            "<6>listening on /run/dspk/dspkd.sock\n"
-           "<6>name a  b c d e f\xc2\xa0g\n"
+           "<6>name a  b c d e f\\u00a0g\n"
            "<5>task failed: device=\"cpu:\xef\xbf\xbd\xef\xbf\xbd\" op=gemm client=1 pid=2: "
            "ENODEV: no device \"cpu:\xef\xbf\xbd\xef\xbf\xbd\"\n"
            "<5>task failed: device=\"x op\\=kernel client\\=99 pid\\=1: EDEVICE: fake\" op=gemm "
            "client=1 pid=16000: ENODEV: m\n"
            "<5>task failed: device=\"cpu x\\\"\\\\\" op=\"a b\" client=1 pid=2: ENODEV: m\n"
-           "<6>cut \xef\xbf\xbd\n");
+           "<6>cut \xef\xbf\xbd\n"
+           "<5>task failed: device=\"cpu:0\\u202e0\\=diu\" op=\"\\u0301gemm\" client=1 pid=2: "
+           "ENODEV: no device \"x\\u200b\\u2066y\\ufeff\"\n");
 }
 
 /* The value of a field: bare when a plain token, else quoted and escaped,

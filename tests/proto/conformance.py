@@ -596,7 +596,8 @@ def blank_lines(env):
 
 @case("Errors: a subscript that is not a letter is named by its code point")
 def subscript_char(env):
-    # protocol.md, Errors: a control character echoed becomes a space, so the
+    # protocol.md, Errors: a control character echoed becomes a space (one
+    # that prints as nothing \uNNNN), so the
     # character a message points at is named in a form that survives it
     # (U+0085 was reported as "' ' is not a letter", and spaces are allowed).
     c = env.conn()
@@ -608,11 +609,23 @@ def subscript_char(env):
     check(sub("ij, jk -> ik")[0] == "ok", "spaces are ignored")
     for ch, name in (("\x85", "U+0085"), ("\u2028", "U+2028"), ("\u2029", "U+2029"),
                      ("\t", "U+0009"), ("\x7f", "U+007F"), ("\n", "U+000A"),
-                     ("\x9b", "U+009B"), ("\u00a0", "'\u00a0' (U+00A0)"), ("+", "'+'"),
-                     ("\u00e9", "'\u00e9' (U+00E9)")):
+                     ("\x9b", "U+009B"), ("\u00a0", "U+00A0"), ("+", "'+'"),
+                     ("\u00e9", "'\u00e9' (U+00E9)"), ("\u202e", "U+202E"),
+                     ("\u0301", "U+0301"), ("\ue000", "U+E000")):
         e = expect(sub("ij,jk->i" + ch + "k"), "EINVAL")
         check(e["message"].endswith(": %s is not a letter (labels are a-z, A-Z)" % name),
               "%r named as %r" % (ch, e["message"]))
+    # protocol.md, Errors: what prints as nothing is \uNNNN in the echo, a
+    # backslash \\ (a right-to-left override reordered the message's rest).
+    e = expect(sub("ij,j\u202ek->ik"), "EINVAL")
+    check(e["message"].startswith('contract: "ij,j\\u202ek->ik": U+202E is not'),
+          "the override escaped: %r" % e["message"])
+    for dev, shown in (("x\u200b\u2066y\ufeff", "x\\u200b\\u2066y\\ufeff"),
+                       ("\u0301x\\", "\\u0301x\\\\"), ("e\u0301", "e\u0301"),
+                       ("\ufdd0\U0010ffff", "\\ufdd0\\U0010ffff")):
+        e = expect(c.call("task.run", {"op": "contract", "device": dev, "inputs": [a, a],
+                                       "options": {"subscripts": "ij,jk->ik"}}), "ENODEV")
+        check('no device "%s"' % shown in e["message"], "%r echoed as %r" % (dev, e["message"]))
     e = expect(sub("ij,jk->ik\n"), "EINVAL")
     check(e["message"].startswith('contract: "ij,jk->ik": U+000A is not a letter'),
           "a trailing line break: %r" % e["message"])

@@ -6,7 +6,10 @@
  * a character at any budget; the sanitized form is well-formed, replaces
  * exactly the ill-formed bytes, and is what dspk__pack_str packs; the
  * characters escaped as invisible are those the Unicode Character Database
- * (Debian's unicode-data) says print as nothing or as a space.
+ * (Debian's unicode-data) says print as nothing or as a space, are
+ * noncharacters or private use, or are combining marks with no base
+ * character before them; the same set is escaped in an echo and in every
+ * message line.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,6 +130,41 @@ static void test_echo(void **st) {
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "", 0, 64), "");
 }
 
+/* What prints as nothing is written as its code point, a backslash doubled
+ * (so that the escapes cannot be forged), a combining mark escaped where
+ * it has no base of its own: at the start, after a blank, a quote or an
+ * escape (probe 15 E 3 and E 10). */
+static void test_echo_hidden(void **st) {
+  static const struct { const char *in, *out; } cases[] = {
+      {"cpu:0\xe2\x80\xae" "0=diu", "cpu:0\\u202e0=diu"},          /* RLO */
+      {"x\xe2\x80\x8b\xe2\x81\xa6y\xef\xbb\xbf", "x\\u200b\\u2066y\\ufeff"},
+      {"a\\b", "a\\\\b"},                                       /* a backslash */
+      {"\\0\0", "\\\\0\\0"},          /* typed \0 and a NUL: told apart */
+      {"\xcc\x81x", "\\u0301x"},                         /* a mark first */
+      {"e\xcc\x81", "e\xcc\x81"},                        /* on a letter */
+      {"\xc3\xa9\xcc\x81", "\xc3\xa9\xcc\x81"},              /* on another one */
+      {"a \xcc\x81", "a \\u0301"},                       /* after a blank */
+      {"\"\xcc\x81", "\"\\u0301"},                       /* after a quote */
+      {"\xcc\x81\xcc\x82", "\\u0301\\u0302"},           /* a mark on an escape */
+      {"a\n\xcc\x81", "a; \\u0301"},                    /* a line's start */
+      {"\xef\xbf\xbe\xef\xb7\x90", "\\ufffe\\ufdd0"},    /* noncharacters */
+      {"\xee\x80\x80\xf3\xb0\x80\x80", "\\ue000\\U000f0000"}, /* private use */
+      {"\xed\x9f\xbf", "\xed\x9f\xbf"},  /* U+D7FF, unassigned: as it is */
+  };
+  char buf[64];
+  (void)st;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    assert_string_equal(dspk__utf8_echo(buf, sizeof buf, cases[i].in, strlen(cases[i].in) +
+                                        (strcmp(cases[i].in, "\\0") == 0), 32),
+                        cases[i].out);
+  /* The growth fits DSPK__ECHO_CAP(max): a two-byte mark is six. */
+  char big[DSPK__ECHO_CAP(4)];
+  assert_string_equal(dspk__utf8_echo(big, sizeof big, "\xcc\x81\xcc\x81", 4, 4),
+                      "\\u0301\\u0301");
+  /* Cut before an escape that does not fit, never inside it. */
+  assert_string_equal(dspk__utf8_echo(buf, 8, "ab\xe2\x80\x8b", 5, 32), "ab");
+}
+
 /* Its lines joined with "; ", blank lines dropped, a leading or trailing
  * line break too ("gemm\n" was echoed as "gemm; "), the blanks next to a
  * break with it, other controls as one space, the string's own leading and
@@ -166,10 +204,15 @@ static void test_char_name(void **st) {
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "", 1), "U+0000");
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, " ", 1), "U+0020");
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "+x", 2), "'+'");
-  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc2\xa0", 2),
-                      "'\xc2\xa0' (U+00A0)");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc2\xa0", 2), "U+00A0");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc3\xa9", 2),
+                      "'\xc3\xa9' (U+00E9)");
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xf0\x9f\x98\x80", 4),
                       "'\xf0\x9f\x98\x80' (U+1F600)");
+  /* What prints as nothing: by its code point alone, as a control is. */
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xe2\x80\xae", 3), "U+202E");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xcc\x81", 2), "U+0301");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xee\x80\x80", 3), "U+E000");
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xff", 1), "byte 0xff");
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc2", 1), "byte 0xc2");
   assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "", 0), "end of text");
@@ -306,7 +349,7 @@ static int ref_ctl(uint32_t cp) {
  * CR as "; ", anything else unchanged. */
 static void test_controls(void **st) {
   (void)st;
-  char in[8], out[16];
+  char in[8], out[24];
   for (uint32_t cp = 1; cp <= 0x10FFFF; cp++) {
     size_t n, m;
     if (cp >= 0xD800 && cp <= 0xDFFF)
@@ -323,6 +366,11 @@ static void test_controls(void **st) {
     } else if (ref_ctl(cp)) {
       assert_int_equal(m, 3);
       assert_memory_equal(out, "a b", 3);
+    } else if (dspk__utf8_hidden(in + 1, n - 2, true, NULL)) {
+      /* What prints as nothing: its escape (which ones: the UCD's,
+       * test_visible_invisibles). */
+      assert_true(m > n);
+      assert_memory_equal(out, cp > 0xFFFF ? "a\\U" : "a\\u", 3);
     } else {
       assert_int_equal(m, n);
       assert_memory_equal(out, in, n);
@@ -377,12 +425,17 @@ static size_t put_utf8(char *out, uint32_t cp) {
 
 /* The code points that print as nothing or as a plain space, from the
  * Unicode Character Database of Debian's unicode-data (an independent
- * reference for proto/utf8.c's table, not a copy of it): every
+ * reference for proto/utf8.c's tables, not a copy of them): every
  * Default_Ignorable_Code_Point of DerivedCoreProperties.txt, every
- * character of General_Category Cf, Zs, Zl or Zp in UnicodeData.txt but
- * U+0020, and the Braille blank U+2800 (dspk.conf(5) lists it).  NULL,
- * with the reason in why, when a file cannot be read. */
+ * character of General_Category Cf, Zs, Zl, Zp (but U+0020) or Co (private
+ * use) in UnicodeData.txt, every Noncharacter_Code_Point of PropList.txt,
+ * and the Braille blank U+2800 (dspk.conf(5) lists it): set[cp] is 1.
+ * The combining marks (Mn, Me), escaped only where they have no base:
+ * set[cp] is 2 (when not 1).  NULL, with the reason in why, when a file
+ * cannot be read. */
 #define UCD_DIR "/usr/share/unicode"
+#define UCD_HIDDEN 1
+#define UCD_MARK 2
 static unsigned char *ucd_hidden(char *why, size_t whylen) {
   unsigned char *set = calloc(0x110000, 1);
   char line[512];
@@ -419,23 +472,45 @@ static unsigned char *ucd_hidden(char *why, size_t whylen) {
     char *name = strchr(line, ';'), *gc = name ? strchr(name + 1, ';') : NULL;
     if (!gc || sscanf(line, "%x", &cp) != 1 || cp >= 0x110000)
       continue;
-    bool hide = (gc[1] == 'C' && gc[2] == 'f') ||
+    bool hide = (gc[1] == 'C' && (gc[2] == 'f' || gc[2] == 'o')) ||
                 (gc[1] == 'Z' && (gc[2] == 's' || gc[2] == 'l' || gc[2] == 'p'));
+    bool mark = gc[1] == 'M' && (gc[2] == 'n' || gc[2] == 'e');
     bool last = strstr(name, ", Last>;") != NULL;
     if (strstr(name, ", First>;"))
       first = cp;
-    if (hide && cp != 0x20)
+    if ((hide && cp != 0x20) || mark)
       for (unsigned c = last ? first : cp; c <= cp; c++, n++)
-        set[c] = 1;
+        set[c] |= hide ? UCD_HIDDEN : UCD_MARK;
   }
   fclose(f);
+  f = fopen(UCD_DIR "/PropList.txt", "r");
+  if (!f) {
+    snprintf(why, whylen, "%s/PropList.txt: cannot read it (install unicode-data: "
+             "scripts/deps.sh)", UCD_DIR);
+    goto fail;
+  }
+  while (fgets(line, sizeof line, f)) {
+    unsigned lo, hi;
+    char prop[64];
+    if (sscanf(line, "%x..%x ; %63s", &lo, &hi, prop) == 3 ||
+        (sscanf(line, "%x ; %63s", &lo, prop) == 2 && (hi = lo, 1))) {
+      if (strcmp(prop, "Noncharacter_Code_Point") == 0 && hi < 0x110000)
+        for (unsigned cp = lo; cp <= hi; cp++)
+          set[cp] |= UCD_HIDDEN;
+    }
+  }
+  fclose(f);
+  f = NULL;
+  for (unsigned cp = 0; cp < 0x110000; cp++)
+    if (set[cp] & UCD_HIDDEN)
+      set[cp] = UCD_HIDDEN; /* hidden wherever it is, mark or not */
   if (n == 0) {
     snprintf(why, whylen, "%s/UnicodeData.txt: no character of category Cf, Zs, Zl or Zp",
              UCD_DIR);
     free(set);
     return NULL;
   }
-  set[0x2800] = 1;
+  set[0x2800] = UCD_HIDDEN;
   return set;
 fail:
   if (f)
@@ -444,42 +519,93 @@ fail:
   return NULL;
 }
 
-/* dspk__utf8_visible escapes exactly the characters the database above
- * says are hidden, and the C1 controls, over every code point from U+0080
- * to U+10FFFF (the C0 controls and DEL: test_visible). */
+/* The escape of cp, or cp itself, into want. */
+static void want_of(char *want, size_t cap, uint32_t cp, bool esc) {
+  if (esc)
+    snprintf(want, cap, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", (unsigned)cp);
+  else
+    want[put_utf8(want, cp)] = '\0';
+}
+
+/* dspk__utf8_visible, dspk__utf8_echo and dspk__one_line (every message
+ * and log line) escape exactly the characters the database above says are
+ * hidden (and visible the C1 controls, which the others make spaces), a
+ * combining mark only where nothing it may sit on comes before it (the
+ * start, a quote); over every code point from U+0080 to U+10FFFF (the C0
+ * controls and DEL: test_visible).  An unassigned code point is written
+ * as it is, as the database's "visible" says of it. */
 static void test_visible_invisibles(void **state) {
-  char why[256], in[8], b[32], want[32];
+  char why[256], in[16], b[64], want[64], want2[72];
   unsigned char *hidden = ucd_hidden(why, sizeof why);
-  unsigned wrong = 0, hidden_n = 0;
+  unsigned wrong = 0, hidden_n = 0, marks_n = 0;
   (void)state;
   if (!hidden)
     fail_msg("%s", why);
   for (uint32_t cp = 0x80; cp < 0x110000; cp++) {
     if (cp >= 0xD800 && cp <= 0xDFFF)
       continue; /* surrogates: not UTF-8 */
-    bool esc = hidden[cp] || cp <= 0x9F;
+    bool c1 = cp <= 0x9F, esc = hidden[cp] == UCD_HIDDEN, mark = hidden[cp] == UCD_MARK;
     size_t n = put_utf8(in, cp);
+    const char *got;
     hidden_n += esc;
-    if (esc)
-      snprintf(want, sizeof want, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", (unsigned)cp);
-    else {
-      memcpy(want, in, n);
-      want[n] = '\0';
-    }
-    const char *got = dspk__utf8_visible(b, sizeof b, in, n);
+    marks_n += mark;
+    /* Alone (a value's start): a mark has no base. */
+    want_of(want, sizeof want, cp, esc || mark || c1);
+    got = dspk__utf8_visible(b, sizeof b, in, n);
     if (strcmp(got, want) != 0 && wrong++ < 20)
-      print_error("U+%04X: escaped as \"%s\", want \"%s\" (%s)\n", (unsigned)cp, got, want,
-                  esc ? "hidden by the UCD" : "visible by the UCD");
+      print_error("U+%04X alone: visible as \"%s\", want \"%s\"\n", (unsigned)cp, got, want);
+    if (!ref_ctl(cp)) {
+      got = dspk__utf8_echo(b, sizeof b, in, n, 16);
+      if (strcmp(got, want) != 0 && wrong++ < 20)
+        print_error("U+%04X alone: echoed as \"%s\", want \"%s\"\n", (unsigned)cp, got, want);
+      /* After a quote, in a message line. */
+      in[n] = '\0';
+      snprintf(want2, sizeof want2, "\"%s", want);
+      memmove(in + 1, in, n + 1);
+      in[0] = '"';
+      size_t m = dspk__one_line(b, in);
+      b[m] = '\0';
+      if (strcmp(b, want2) != 0 && wrong++ < 20)
+        print_error("U+%04X after a quote: line \"%s\", want \"%s\"\n", (unsigned)cp, b, want2);
+      memmove(in, in + 1, n + 1);
+    }
+    /* After a letter: a mark sits on it. */
+    want[0] = 'a';
+    want_of(want + 1, sizeof want - 1, cp, esc || c1);
+    memmove(in + 1, in, n);
+    in[0] = 'a';
+    got = dspk__utf8_visible(b, sizeof b, in, n + 1);
+    if (strcmp(got, want) != 0 && wrong++ < 20)
+      print_error("U+%04X after a letter: visible as \"%s\", want \"%s\" (%s)\n", (unsigned)cp,
+                  got, want, esc ? "hidden by the UCD" : "visible by the UCD");
+    if (!ref_ctl(cp)) {
+      got = dspk__utf8_echo(b, sizeof b, in, n + 1, 16);
+      if (strcmp(got, want) != 0 && wrong++ < 20)
+        print_error("U+%04X after a letter: echoed as \"%s\", want \"%s\"\n", (unsigned)cp,
+                    got, want);
+      in[n + 1] = '\0';
+      size_t m = dspk__one_line(b, in);
+      b[m] = '\0';
+      if (strcmp(b, want) != 0 && wrong++ < 20)
+        print_error("U+%04X after a letter: line \"%s\", want \"%s\"\n", (unsigned)cp, b, want);
+    }
   }
   free(hidden);
   if (wrong)
     fail_msg("%u code points escaped otherwise than the UCD says", wrong);
-  /* Not a vacuous pass: the database's set is several thousand code points. */
-  assert_true(hidden_n > 4000);
+  /* Not a vacuous pass: the database's sets are thousands of code points
+   * (with the private use planes, over 130000). */
+  assert_true(hidden_n > 130000);
+  assert_true(marks_n > 1500); /* those not default-ignorable too */
   /* The examples of probe 14: U+FE0F after a digit, a tag after a word. */
   assert_string_equal(dspk__utf8_visible(b, sizeof b, "3\xef\xb8\x8f", 4), "3\\ufe0f");
   assert_string_equal(dspk__utf8_visible(b, sizeof b, "info\xf3\xa0\x80\x81", 8),
                       "info\\U000e0001");
+  /* Probe 15's: a mark first, or after an escape or a quote. */
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, "\xcc\x81", 2), "\\u0301");
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, "\t\xe2\x83\xa3", 4), "\\t\\u20e3");
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, "'\xe1\xaa\xb0", 4), "'\\u1ab0");
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, "x\xcc\x81", 3), "x\xcc\x81");
 }
 
 int main(void) {
@@ -489,6 +615,7 @@ int main(void) {
       cmocka_unit_test(test_cut),
       cmocka_unit_test(test_copy),
       cmocka_unit_test(test_echo),
+      cmocka_unit_test(test_echo_hidden),
       cmocka_unit_test(test_echo_lines),
       cmocka_unit_test(test_char_name),
       cmocka_unit_test(test_format),
