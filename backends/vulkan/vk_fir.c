@@ -8,12 +8,12 @@
  * Overlap-save: each row of n samples is cut into blocks of L = 2^lg
  * samples that overlap by k-1 (block b starts at sample b*S - (k-1), S =
  * L-k+1; samples outside the row read as zero).  A gather kernel writes the
- * blocks as complex rows (a real signal packs two consecutive blocks of
- * the same row into the real and imaginary parts of one complex row, which
- * the real filter keeps apart; never blocks of two rows, whose rounding
- * errors would then reach each other: a row's result depends on that row
- * alone, a row of zeros filters to exact zeros next to any other, and a
- * row with an odd number of blocks has its last one alone); one batched
+ * blocks as complex rows, one block a row (a real signal's with imaginary
+ * parts 0; never two blocks to a row, of one signal row or of two: the
+ * rounding of a transform scales with all of its values, so the other
+ * block's largest sample would bound this one's error, see
+ * dspk__fir_geo; a block's outputs depend on that block's samples alone,
+ * and a row of zeros filters to exact zeros next to any other); one batched
  * out-of-place transform, a multiplication by the transform of the
  * zero-padded filter, the inverse transform (scaled by 1/L, as
  * numpy.fft.ifft) and a scatter kernel that keeps the last S
@@ -64,10 +64,10 @@
  * the heuristic instead: overlap-save ols-x8 from FIR_FFT_MIN_K taps on.
  * dspk__vk_fir_force and dspk__vk_fir_tune_always are the tests' handles.
  *
- * Precision: f32 and c64 transform in single precision (an error of a few
- * ulps of the largest output of the transform's blocks, all of one row,
- * times log2(L), against the direct kernel's single-precision sums of k
- * products), f64 and c128 in double.
+ * Precision: f32 and c64 transform in single precision (an error at an
+ * output of about eps log2(L) max|x| sum|h|, max|x| over the samples of
+ * the output's block, against the direct kernel's single-precision sums of
+ * k products), f64 and c128 in double.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,10 +106,9 @@ unsigned dspk__vk_fir_repairs(void) { return fir_repairs; }
 
 /* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
  * 32-bit indexing. */
-static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m,
-                    struct dspk__fir_geo *g) {
-  int r = dspk__fir_geometry(n, k, rows, cplx, m, FIR_MAX_LG, g);
-  return r ? r : g->nc * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
+static int geometry(int64_t n, int64_t k, int64_t rows, int m, struct dspk__fir_geo *g) {
+  int r = dspk__fir_geometry(n, k, rows, m, FIR_MAX_LG, g);
+  return r ? r : g->nblk * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
 }
 
 /* One of the path's kernels for dtype dt: 0 hpad, 1 gather, 2 cmul,
@@ -139,21 +138,9 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    fl_clear(i, pc.nblk);\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
       "    uint c = i >> pc.lg, j = i & mask;\n"
-      "#if CPLX\n"
-      "    uint row = c / pc.nb, b0 = c - row * pc.nb;\n"
-      "#else\n"
-      "    uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
-      "#endif\n"
-      "    C v = C(0);\n"
-      "    for (uint p = 0u; p < PARTS; p++) {\n"
-      "      if (b0 + p >= pc.nb) break;\n"
-      "      uint t = (b0 + p) * pc.S + j;\n"
-      "      if (t >= pc.km1 && t - pc.km1 < pc.n) {\n"
-      "        T xv = x[pc.ox + row * pc.n + t - pc.km1];\n"
-      "#if CPLX\n        v = xv;\n#else\n        v[p] = xv;\n#endif\n"
-      "      }\n"
-      "    }\n"
-      "    b[i] = v;\n"
+      "    uint row = c / pc.nb, t = (c - row * pc.nb) * pc.S + j;\n"
+      "    b[i] = t >= pc.km1 && t - pc.km1 < pc.n ? TOC(x[pc.ox + row * pc.n + t - pc.km1])\n"
+      "                                           : C(0);\n"
       "  }\n}\n",
       /* f *= hs, per block */
       "layout(std430, binding = 0) buffer BF { C f[]; };\n"
@@ -165,12 +152,10 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    C a = f[i], h = hs[i & mask];\n"
       "    f[i] = C(a.x * h.x - a.y * h.y, a.x * h.y + a.y * h.x);\n"
       "  }\n}\n",
-      /* y from the last S samples of each block: complex signals one
-       * output per invocation (total = rows*n), real ones one complex value
-       * per invocation (total = nc*S), an output of block 2q of its row in
-       * its real part and one of block 2q+1 in its imaginary part (see
-       * dspk__fir_geo); a segment that gets a non-finite output is listed
-       * in fl (see the top) */
+      /* y from the last S samples of each block, one output per
+       * invocation (total = rows*n; a real signal's in the real part); a
+       * segment that gets a non-finite output is listed in fl (see the
+       * top) */
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
@@ -184,23 +169,14 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "void list(uint g) { fl_list(g, pc.nblk, pc.S, pc.cap); }\n"
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
-      "#if CPLX\n"
       "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
-      "    T v = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
+      "    C v = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
+      "#if CPLX\n"
       "    y[pc.oy + i] = v;\n"
       "    if (bad(v.x) || bad(v.y)) list(row * pc.nb + blk);\n"
       "#else\n"
-      "    uint c = i / pc.S, j = i - c * pc.S;\n"
-      "    uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
-      "    C v = b[(c << pc.lg) + pc.km1 + j];\n"
-      "    for (uint p = 0u; p < 2u; p++) {\n"
-      "      if (b0 + p >= pc.nb) break;\n"
-      "      uint t = (b0 + p) * pc.S + j;\n"
-      "      if (t < pc.n) {\n"
-      "        y[pc.oy + row * pc.n + t] = v[p];\n"
-      "        if (bad(v[p])) list(row * pc.nb + b0 + p);\n"
-      "      }\n"
-      "    }\n"
+      "    y[pc.oy + i] = v.x;\n"
+      "    if (bad(v.x)) list(row * pc.nb + blk);\n"
       "#endif\n"
       "  }\n}\n"};
   int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
@@ -214,11 +190,11 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
   snprintf(src, sizeof src,
            "#version 450\n"
            "layout(local_size_x = %d) in;\n"
-           "#define T %s\n#define C %s\n#define CPLX %d\n#define DBL %d\n#define PARTS %du\n"
+           "#define T %s\n#define C %s\n#define CPLX %d\n#define DBL %d\n"
            "#define STRIDE (gl_NumWorkGroups.x * %du)\n"
            "#if CPLX\n#define TOC(v) (v)\n#else\n#define TOC(v) C(v, 0)\n#endif\n%s",
-           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, cplx ? 1 : 2,
-           DSPK__VK_WG, bod);
+           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, DSPK__VK_WG,
+           bod);
   return dspk__vk_kernel(d, names[which], src, NULL, 0, "main", nbind[which], pcs[which],
                          out, ctx);
 }
@@ -350,7 +326,7 @@ static int fused_cfg(struct dspk__dev *d, int64_t L, int64_t nc, struct dspk__vk
 static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
   dspk_dtype dt = X->dtype;
-  int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
   dspk_dtype cdt = dbl ? DSPK_C128 : DSPK_C64;
   size_t cs = dbl ? 16 : 8;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
@@ -365,13 +341,13 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     return dspk__vk_fail(ctx, DSPK_EDTYPE,
                          "fir: this Vulkan device lacks shaderFloat64 (dtype %s)",
                          dspk__dtype_name(dt));
-  if (total >= FIR_MAX_ELEMS || geometry(n, k, rows, cplx, m, &g))
+  if (total >= FIR_MAX_ELEMS || geometry(n, k, rows, m, &g))
     return dspk__vk_fail(ctx, DSPK_ELIMIT,
                          "fir: %lld samples with %lld taps are too many for FFT "
                          "convolution on vulkan (32-bit indexing)",
                          (long long)total, (long long)k);
   /* nc rows of blocks, and one more for the fused path's filter */
-  size_t bbytes = (size_t)((g.nc + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
+  size_t bbytes = (size_t)((g.nblk + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
   if (bbytes > d->props.limits.maxStorageBufferRange)
     return dspk__vk_fail(ctx, DSPK_ENOTSUP,
                          "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange "
@@ -386,9 +362,9 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     return r;
   if ((r = get_ws(d, hbytes, bbytes, &w)))
     return dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
-                         (long long)g.nc, (long long)g.L);
-  uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nc * g.L);
-  uint32_t ts = (uint32_t)(cplx ? total : g.nc * g.S);
+                         (long long)g.nblk, (long long)g.L);
+  uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nblk * g.L);
+  uint32_t ts = (uint32_t)total;
   uint32_t pad[3] = {L, (uint32_t)k, eh};
   uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
                      (uint32_t)g.nb, (uint32_t)g.nblk, ex};
@@ -405,7 +381,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
   struct dspk__vk_sfft_cfg sk;
-  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc + 1, &sk);
+  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nblk + 1, &sk);
   w->busy = 1;
   fir_ws_h = hbytes;
   fir_ws_b = bbytes;
@@ -414,22 +390,22 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
      * more), the multiplication and the scatter done by their first and
      * last passes: five dispatches and four passes over memory fewer. */
     struct dspk__vk_bind ff = whole(w->ff, bbytes), bb = whole(w->bb, bbytes);
-    uint64_t rows = (uint64_t)g.nc + 1;
+    uint64_t rows = (uint64_t)g.nblk + 1;
     struct dspk__vk_sfft_fir fw = {&bx, &bh, &bf, ex, eh, (uint32_t)n, (uint32_t)(k - 1),
                                    (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, cap};
     struct dspk__vk_sfft_fir iv = fw;
     iv.sig = &by;
     iv.sigoff = ey;
     iv.hs = &ff;
-    iv.hoff = (uint32_t)(g.nc * g.L);
+    iv.hoff = (uint32_t)(g.nblk * g.L);
     if ((r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 0, &fw, &ff, 0, &ff, 0, ctx)) == 0)
       r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 1, &iv, &ff, 0, &bb, 0, ctx);
   } else if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
              (r = dspk__vk_dispatch(d, kk[1], b2, 3, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
+             (r = fft_rows(d, cdt, w->bb, w->ff, g.nblk, g.L, 0, ctx)) == 0 &&
              (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
+             (r = fft_rows(d, cdt, w->ff, w->bb, g.nblk, g.L, 1, ctx)) == 0) {
     r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
   }
   /* the direct kernel on the segments listed (see the top), but for the
