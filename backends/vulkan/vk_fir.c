@@ -24,7 +24,11 @@
  * (dspk__vk_sfft_fir), four passes over memory fewer.  Temporaries: two
  * (blocks x L) complex buffers and two of L for the filter, and the list
  * below, kept per block layout in the device's plan cache for the next
- * task (get_ws).
+ * task (get_ws).  Blocks too many for one binding of maxStorageBufferRange
+ * go through the unfused path in chunks of rows that fit (one row more
+ * kept free, as for the fused filter's); a block that does not fit with
+ * one more row is ENOTSUP, and dspk__vk_fir runs the direct kernel, which
+ * sees a cancel between its pieces (vk_ops.c).
  *
  * Non-finite values: one NaN or Inf in a block's samples (or in a tap)
  * makes every output of its transforms non-finite, and finite samples
@@ -86,7 +90,7 @@ static _Thread_local const char *fir_last = "";
 static _Thread_local int fir_last_fused;
 static _Thread_local unsigned fir_timed; /* tuner samples timed by timestamps */
 static _Thread_local unsigned fir_repairs; /* repair dispatches recorded */
-static _Thread_local size_t fir_ws_h, fir_ws_b; /* the last overlap-save workspace's key */
+static _Thread_local size_t fir_ws_h, fir_ws_b, fir_ws_f; /* the last workspace's key */
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -117,7 +121,7 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
   static const int nbind[4] = {2, 3, 2, 3};
-  static const uint32_t pcs[4] = {12, 32, 8, 36};
+  static const uint32_t pcs[4] = {12, 40, 8, 40};
   static const char *const body[4] = {
       /* hp = h zero-padded to L, as complex */
       "layout(std430, binding = 0) readonly buffer BH { T h[]; };\n"
@@ -130,14 +134,14 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
-      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, ox; } pc;\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, ox, c0, clr; } pc;\n"
       "FL_GLSL"
       "void main() {\n"
       "  uint mask = (1u << pc.lg) - 1u;\n"
-      "  for (uint i = gl_GlobalInvocationID.x; i < 4u + pc.nblk; i += STRIDE)\n"
+      "  for (uint i = gl_GlobalInvocationID.x; pc.clr != 0u && i < 4u + pc.nblk; i += STRIDE)\n"
       "    fl_clear(i, pc.nblk);\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
-      "    uint c = i >> pc.lg, j = i & mask;\n"
+      "    uint c = pc.c0 + (i >> pc.lg), j = i & mask;\n"
       "    uint row = c / pc.nb, t = (c - row * pc.nb) * pc.S + j;\n"
       "    b[i] = t >= pc.km1 && t - pc.km1 < pc.n ? TOC(x[pc.ox + row * pc.n + t - pc.km1])\n"
       "                                           : C(0);\n"
@@ -152,14 +156,14 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    C a = f[i], h = hs[i & mask];\n"
       "    f[i] = C(a.x * h.x - a.y * h.y, a.x * h.y + a.y * h.x);\n"
       "  }\n}\n",
-      /* y from the last S samples of each block, one output per
-       * invocation (total = rows*n; a real signal's in the real part); a
-       * segment that gets a non-finite output is listed in fl (see the
-       * top) */
+      /* y from the last S samples of each block of the chunk (blocks c0
+       * on, b from its first), one output per invocation (total = blocks x
+       * S; a real signal's in the real part); a segment that gets a
+       * non-finite output is listed in fl (see the top) */
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
-      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy, cap; } pc;\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy, cap, c0; } pc;\n"
       "FL_GLSL"
       "#if DBL\n"
       "bool bad(double v) { return (unpackDouble2x32(v).y & 0x7ff00000u) == 0x7ff00000u; }\n"
@@ -169,14 +173,16 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "void list(uint g) { fl_list(g, pc.nblk, pc.S, pc.cap); }\n"
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
-      "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
-      "    C v = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
+      "    uint cl = i / pc.S, j = i - cl * pc.S, c = pc.c0 + cl, row = c / pc.nb;\n"
+      "    uint t = (c - row * pc.nb) * pc.S + j;\n"
+      "    if (t >= pc.n) continue;\n"
+      "    C v = b[(cl << pc.lg) + pc.km1 + j];\n"
       "#if CPLX\n"
-      "    y[pc.oy + i] = v;\n"
-      "    if (bad(v.x) || bad(v.y)) list(row * pc.nb + blk);\n"
+      "    y[pc.oy + row * pc.n + t] = v;\n"
+      "    if (bad(v.x) || bad(v.y)) list(c);\n"
       "#else\n"
-      "    y[pc.oy + i] = v.x;\n"
-      "    if (bad(v.x)) list(row * pc.nb + blk);\n"
+      "    y[pc.oy + row * pc.n + t] = v.x;\n"
+      "    if (bad(v.x)) list(c);\n"
       "#endif\n"
       "  }\n}\n"};
   int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
@@ -252,20 +258,18 @@ void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
   free(w);
 }
 
-/* The bytes of the list of non-finite segments for blocks of bbytes and
- * filters of hbytes: bb holds bbytes/hbytes rows of L, each of one or two
- * blocks, and the list has a count, a flag per block and a slot per block. */
-static size_t fl_bytes(size_t hbytes, size_t bbytes) {
-  return 4 * (size_t)DSPK__VK_FL_WORDS(2 * (bbytes / hbytes));
+/* The bytes of the list of non-finite segments of nblk blocks: a count, a
+ * flag per block and a slot per block. */
+static size_t fl_bytes(int64_t nblk) { return 4 * (size_t)DSPK__VK_FL_WORDS(nblk); }
+
+static int ws_key(char *key, size_t len, size_t hbytes, size_t bbytes, size_t flb) {
+  return snprintf(key, len, "firws|%zu|%zu|%zu", hbytes, bbytes, flb);
 }
 
-static int ws_key(char *key, size_t len, size_t hbytes, size_t bbytes) {
-  return snprintf(key, len, "firws|%zu|%zu", hbytes, bbytes);
-}
-
-static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_ws **out) {
+static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, size_t flb,
+                  struct fir_ws **out) {
   char key[96];
-  int klen = ws_key(key, sizeof key, hbytes, bbytes);
+  int klen = ws_key(key, sizeof key, hbytes, bbytes, flb);
   struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
   int r;
   if (w) {
@@ -278,7 +282,7 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
   w->kind = 5;
   if ((r = dspk__vk_alloc(d, hbytes, &w->hp)) || (r = dspk__vk_alloc(d, hbytes, &w->hs)) ||
       (r = dspk__vk_alloc(d, bbytes, &w->bb)) || (r = dspk__vk_alloc(d, bbytes, &w->ff)) ||
-      (r = dspk__vk_alloc(d, fl_bytes(hbytes, bbytes), &w->fl)) ||
+      (r = dspk__vk_alloc(d, flb, &w->fl)) ||
       (r = dspk__plancache_put(&d->plans, key, (size_t)klen, w))) {
     dspk__vk_fir_ws_free(d, w);
     return r;
@@ -290,7 +294,7 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
 #ifdef DSPK_TEST_HOOKS
 int dspk__vk_fir_list_head(struct dspk__dev *d, uint32_t head[4]) {
   char key[96];
-  int klen = ws_key(key, sizeof key, fir_ws_h, fir_ws_b);
+  int klen = ws_key(key, sizeof key, fir_ws_h, fir_ws_b, fir_ws_f);
   struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
   return w ? dspk__vk_read(d, w->fl, 0, head, 16) : DSPK_ENOENT;
 }
@@ -346,13 +350,27 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
                          "fir: %lld samples with %lld taps are too many for FFT "
                          "convolution on vulkan (32-bit indexing)",
                          (long long)total, (long long)k);
-  /* nc rows of blocks, and one more for the fused path's filter */
-  size_t bbytes = (size_t)((g.nblk + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
-  if (bbytes > d->props.limits.maxStorageBufferRange)
+  /* The blocks go in chunks of rows whose buffers (and one row more, the
+   * fused path's filter) stay within maxStorageBufferRange; all of them in
+   * one chunk when they fit (the fused path's only case).  A block of L
+   * values that does not fit with the filter's row is ENOTSUP (the caller
+   * runs the direct kernel). */
+  uint64_t range = d->props.limits.maxStorageBufferRange, rowb = (uint64_t)g.L * cs;
+  int64_t chunk = (int64_t)(range / rowb) - 1;
+  if (chunk < 1)
     return dspk__vk_fail(ctx, DSPK_ENOTSUP,
-                         "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange "
-                         "(%llu bytes)",
-                         bbytes, (unsigned long long)d->props.limits.maxStorageBufferRange);
+                         "fir: blocks of %lld values (%llu bytes) and the filter's row exceed "
+                         "the device's maxStorageBufferRange (%llu bytes)",
+                         (long long)g.L, (unsigned long long)rowb,
+                         (unsigned long long)range);
+  /* (The test hook DSPK_VK_FIR_CHUNK sets the blocks of a chunk.) */
+  const char *hc = DSPK_TEST_HOOK("DSPK_VK_FIR_CHUNK");
+  if (hc && atoll(hc) > 0 && atoll(hc) < chunk)
+    chunk = atoll(hc);
+  if (chunk > g.nblk)
+    chunk = g.nblk;
+  size_t bbytes = (size_t)((chunk + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
+  size_t flbytes = fl_bytes(g.nblk);
   for (int i = 0; i < 4; i++)
     if ((r = fir_kernel(d, dt, i, &kk[i], ctx)))
       return r;
@@ -360,31 +378,25 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
       (r = dspk__vk_bind_named(d, H, &bh, &eh, ctx, "fir's H")) ||
       (r = dspk__vk_bind_named(d, Y, &by, &ey, ctx, "fir's output")))
     return r;
-  if ((r = get_ws(d, hbytes, bbytes, &w)))
+  if ((r = get_ws(d, hbytes, bbytes, flbytes, &w)))
     return dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
-                         (long long)g.nblk, (long long)g.L);
-  uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nblk * g.L);
-  uint32_t ts = (uint32_t)total;
+                         (long long)chunk, (long long)g.L);
+  uint32_t L = (uint32_t)g.L;
   uint32_t pad[3] = {L, (uint32_t)k, eh};
-  uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
-                     (uint32_t)g.nb, (uint32_t)g.nblk, ex};
-  uint32_t mul[2] = {tb, (uint32_t)g.lg};
   uint32_t cap = dspk__vk_fir_fix_groups(d, (uint32_t)g.S, (uint32_t)g.nblk);
-  uint32_t sct[9] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
-                     (uint32_t)g.nb, (uint32_t)g.nblk, ey, cap};
   struct dspk__vk_bind b1[2] = {bh, whole(w->hp, hbytes)};
-  VkDeviceSize flb = (VkDeviceSize)fl_bytes(hbytes, bbytes);
-  struct dspk__vk_bind bf = whole(w->fl, flb);
+  struct dspk__vk_bind bf = whole(w->fl, (VkDeviceSize)flbytes);
   struct dspk__vk_bind b2[3] = {bx, whole(w->bb, bbytes), bf};
   struct dspk__vk_bind b3[2] = {whole(w->ff, bbytes), whole(w->hs, hbytes)};
   struct dspk__vk_bind b4[3] = {whole(w->bb, bbytes), by, bf};
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
   struct dspk__vk_sfft_cfg sk;
-  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nblk + 1, &sk);
+  fir_last_fused = dt == DSPK_F32 && chunk == g.nblk && fused_cfg(d, g.L, g.nblk + 1, &sk);
   w->busy = 1;
   fir_ws_h = hbytes;
   fir_ws_b = bbytes;
+  fir_ws_f = flbytes;
   if (fir_last_fused) {
     /* Our fft kernels with the gather, the filter's transform (one row
      * more), the multiplication and the scatter done by their first and
@@ -401,12 +413,23 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     if ((r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 0, &fw, &ff, 0, &ff, 0, ctx)) == 0)
       r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 1, &iv, &ff, 0, &bb, 0, ctx);
   } else if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
-             (r = dspk__vk_dispatch(d, kk[1], b2, 3, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->bb, w->ff, g.nblk, g.L, 0, ctx)) == 0 &&
-             (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->ff, w->bb, g.nblk, g.L, 1, ctx)) == 0) {
-    r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
+             (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0) {
+    /* Each chunk: gather (the first also clears the list), transform,
+     * multiply, transform back, scatter. */
+    for (int64_t c0 = 0; r == 0 && c0 < g.nblk; c0 += chunk) {
+      int64_t cnt = g.nblk - c0 < chunk ? g.nblk - c0 : chunk;
+      uint32_t tb = (uint32_t)(cnt * g.L), ts = (uint32_t)(cnt * g.S);
+      uint32_t gat[10] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
+                          (uint32_t)g.nb, (uint32_t)g.nblk, ex, (uint32_t)c0, c0 == 0};
+      uint32_t mul[2] = {tb, (uint32_t)g.lg};
+      uint32_t sct[10] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
+                          (uint32_t)g.nb, (uint32_t)g.nblk, ey, cap, (uint32_t)c0};
+      if ((r = dspk__vk_dispatch(d, kk[1], b2, 3, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
+          (r = fft_rows(d, cdt, w->bb, w->ff, cnt, g.L, 0, ctx)) == 0 &&
+          (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
+          (r = fft_rows(d, cdt, w->ff, w->bb, cnt, g.L, 1, ctx)) == 0)
+        r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
+    }
   }
   /* the direct kernel on the segments listed (see the top), but for the
    * tuner's samples (see dspk__fir_sampling); the test hook

@@ -2959,7 +2959,9 @@ static void t_fir_fft(void **state) {
  * sum).  The shapes give one block per row (rows paired across, were they
  * packed two rows to a transform), an odd and an even number of blocks;
  * every block size in single precision, one in double (as t_fir_fft: the
- * plans cost most of the time on lavapipe). */
+ * plans cost most of the time on lavapipe); each also with its blocks in
+ * chunks of 3 (test hook DSPK_VK_FIR_CHUNK: blocks too many for one
+ * maxStorageBufferRange go in chunks), which cross rows. */
 static void t_fir_fft_rows(void **state) {
   (void)state;
   static const int64_t cases[][3] = {/* rows, n, k */
@@ -2974,7 +2976,10 @@ static void t_fir_fft_rows(void **state) {
     double tol = sp ? 1e-5 : 1e-12;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
       for (int m = sp ? 1 : 2; m <= (sp ? 3 : 2); m++)
-        for (int unfused = 0; unfused < (dt == DSPK_F32 ? 2 : 1); unfused++) {
+        for (int unfused = 0; unfused < 3; unfused++) {
+          /* 1: f32 unfused, 2: blocks in chunks of 3 (DSPK_VK_FIR_CHUNK) */
+          if (unfused == 1 && dt != DSPK_F32)
+            continue;
           char msg[512];
           int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
           int64_t xs[2] = {rows, n}, hs[1] = {k};
@@ -2982,14 +2987,17 @@ static void t_fir_fft_rows(void **state) {
           struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
           for (int64_t i = 0; i < X.n; i++)
             X.v[i] *= i / n < 5 ? scale[i / n] : 1;
-          if (unfused)
+          if (unfused == 1)
             setenv("DSPK_VK_FIR_SK", "off", 1);
+          if (unfused == 2)
+            setenv("DSPK_VK_FIR_CHUNK", "3", 1);
           assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
           assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
           dspk__vk_fir_force(m);
           int r = h_run(D, &op, &got, msg, sizeof msg);
           dspk__vk_fir_force(-1);
           unsetenv("DSPK_VK_FIR_SK");
+          unsetenv("DSPK_VK_FIR_CHUNK");
           if (r)
             fail_msg("fir rows %s %lldx%lld k=%lld mode %d: %d %s", dspk__dtype_name(dt),
                      (long long)rows, (long long)n, (long long)k, m, r, msg);
@@ -3041,7 +3049,10 @@ static void t_fir_fft_blocks(void **state) {
       continue;
     double eps = sp ? 0x1p-24 : 0x1p-53, spike = sp ? (double)(float)1e20 : 1e200;
     for (int m = sp ? 1 : 2; m <= (sp ? 3 : 2); m++)
-      for (int unfused = 0; unfused < (dt == DSPK_F32 ? 2 : 1); unfused++) {
+      for (int unfused = 0; unfused < 3; unfused++) {
+        /* 1: f32 unfused, 2: blocks in chunks of 3 (DSPK_VK_FIR_CHUNK) */
+        if (unfused == 1 && dt != DSPK_F32)
+          continue;
         char msg[512];
         int64_t xs[2] = {1, n}, hs[1] = {k};
         struct htensor X = h_make(dt, 2, xs, 0), Hh = h_make(dt, 1, hs, 0), got;
@@ -3057,16 +3068,20 @@ static void t_fir_fft_blocks(void **state) {
           Hh.v[i] = (float)creal(Hh.v[i]);
         X.v[100] = spike;
         struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
-        if (unfused)
+        if (unfused == 1)
           setenv("DSPK_VK_FIR_SK", "off", 1);
+        if (unfused == 2)
+          setenv("DSPK_VK_FIR_CHUNK", "3", 1);
         assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
         assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
         dspk__vk_fir_force(m);
         int r = h_run(D, &op, &got, msg, sizeof msg);
         dspk__vk_fir_force(-1);
         unsetenv("DSPK_VK_FIR_SK");
+        unsetenv("DSPK_VK_FIR_CHUNK");
         if (r)
           fail_msg("fir blocks %s mode %d: %d %s", dspk__dtype_name(dt), m, r, msg);
+        assert_true(unfused != 2 || !dspk__vk_fir_last_fused());
         assert_string_equal(dspk__vk_fir_last(), dspk__fir_path_names[m]);
         int fused = dspk__vk_fir_last_fused();
         struct dspk__fir_geo g;
@@ -3252,7 +3267,9 @@ static void t_fir_fft_nonfinite(void **state) {
     double tol = sp ? 1e-5 : 1e-12;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
       for (int v = 0; v < 4; v++)
-        for (int off = 0; off < (dt == DSPK_F32 ? 3 : 2); off++) {
+        for (int off = 0; off < 4; off++) {
+          if (off == 2 && dt != DSPK_F32)
+            continue;
           int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
           int64_t xs[2] = {rows, n}, hs[1] = {k}, at = (rows - 1) * n + n / 4;
           struct htensor X = h_make(dt, 2, xs, 1), Hh = h_make(dt, 1, hs, 1);
@@ -3274,11 +3291,15 @@ static void t_fir_fft_nonfinite(void **state) {
               Hh.v[i] = cx ? CMPLX(1e-6, 1e-6) : 1e-6;
           }
           /* off 1: the repair's workgroups take several segments each, the
-           * taps in several dispatches; off 2: f32 not fused */
+           * taps in several dispatches; off 2: f32 not fused; off 3: the
+           * blocks in chunks of 2 (DSPK_VK_FIR_CHUNK), the list cleared by
+           * the first only */
           if (off == 1)
             setenv("DSPK_VK_FIR_FIX_GROUPS", "1", 1);
           if (off == 2)
             setenv("DSPK_VK_FIR_SK", "off", 1);
+          if (off == 3)
+            setenv("DSPK_VK_FIR_CHUNK", "2", 1);
           fir_values_case(what, dt, (int)cases[c][3], &X, &Hh, tol);
           unsetenv("DSPK_VK_FIR_FIX_GROUPS");
           if (off == 2)
@@ -3302,6 +3323,7 @@ static void t_fir_fft_nonfinite(void **state) {
             h_free(&Hh);
           }
           unsetenv("DSPK_VK_FIR_SK");
+          unsetenv("DSPK_VK_FIR_CHUNK");
         }
   }
 }
