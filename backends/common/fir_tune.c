@@ -11,7 +11,7 @@
 const char *const dspk__fir_path_names[DSPK__FIR_NPATHS] = {"direct", "ols-x4", "ols-x8",
                                                             "ols-x16"};
 
-int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, int max_lg,
+int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int m, int max_lg,
                        struct dspk__fir_geo *g) {
   int lg = dspk__autotune_pow2((uint64_t)k) + m + 1;
   int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
@@ -26,11 +26,6 @@ int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, int 
   g->S = g->L - k + 1;
   g->nb = (n + g->S - 1) / g->S;
   g->nblk = rows * g->nb;
-  /* Two blocks of the same row share a complex row, never blocks of two
-   * rows: the rounding of a transform scales with all of its values, and
-   * one row's values must not reach another row's outputs.  A row with
-   * an odd number of blocks has its last one alone (imaginary parts 0). */
-  g->nc = cplx ? g->nblk : rows * ((g->nb + 1) / 2);
   return 0;
 }
 

@@ -25,19 +25,22 @@ extern const char *const dspk__fir_path_names[DSPK__FIR_NPATHS];
 
 /* The block layout of one overlap-save run: blocks of L = 2^lg samples
  * overlapping by k-1 (S = L-k+1 new samples each), nb blocks per row, nblk
- * in all, nc complex rows (a real signal packs two consecutive blocks of
- * one row into one: blocks 2q and 2q+1 of signal row r in complex row
- * r*((nb+1)/2) + q, real and imaginary parts; never blocks of two rows). */
+ * in all, each transformed as one complex row of its own (a real signal's
+ * with imaginary parts 0).  Never two blocks to a transform: the rounding
+ * of a transform scales with all of its values, so a block's outputs
+ * would carry an error relative to the other block's largest sample (1e20
+ * in one block made the next one's outputs, of order 100, wrong by 1e13:
+ * probe 15, B 1). */
 struct dspk__fir_geo {
   int lg;
-  int64_t L, S, nb, nblk, nc;
+  int64_t L, S, nb, nblk;
 };
 
 /* Layout for rows of n samples, k taps (k <= n), path m (1..3: blocks of
  * 2^(m+1) times k rounded up to a power of two, at least 2^DSPK__FIR_MIN_LG,
  * at most the row's full convolution length rounded up).  Returns 0, or
  * DSPK_ELIMIT when the blocks would need more than 2^max_lg samples. */
-int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, int max_lg,
+int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int m, int max_lg,
                        struct dspk__fir_geo *g);
 
 /* How a backend runs a path of the op. */

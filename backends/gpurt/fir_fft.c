@@ -286,9 +286,8 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
   if (!HAVE_FFT(dev))
     return dspk__gpurt_msg(ctx, DSPK_ENOTSUP, "fir: no FFT library on this %s host",
                            dev->drv->name);
-  /* Every block its own row (complex geometry): the real path does not
-   * pack two blocks into one. */
-  if ((rc = dspk__fir_geometry(n, k, rows, 1, m, FIR_MAX_LG, &g)))
+  /* Every block its own row (see dspk__fir_geo). */
+  if ((rc = dspk__fir_geometry(n, k, rows, m, FIR_MAX_LG, &g)))
     return dspk__gpurt_msg(ctx, rc, "fir: %lld taps are too many for FFT convolution",
                           (long long)k);
   return dspk__dtype_is_complex(X->dtype) ? fir_ols_complex(dev, op, &g, ctx)

@@ -8,12 +8,12 @@
  * Overlap-save: each row of n samples is cut into blocks of L = 2^lg
  * samples that overlap by k-1 (block b starts at sample b*S - (k-1), S =
  * L-k+1; samples outside the row read as zero).  A gather kernel writes the
- * blocks as complex rows (a real signal packs two consecutive blocks of
- * the same row into the real and imaginary parts of one complex row, which
- * the real filter keeps apart; never blocks of two rows, whose rounding
- * errors would then reach each other: a row's result depends on that row
- * alone, a row of zeros filters to exact zeros next to any other, and a
- * row with an odd number of blocks has its last one alone); one batched
+ * blocks as complex rows, one block a row (a real signal's with imaginary
+ * parts 0; never two blocks to a row, of one signal row or of two: the
+ * rounding of a transform scales with all of its values, so the other
+ * block's largest sample would bound this one's error, see
+ * dspk__fir_geo; a block's outputs depend on that block's samples alone,
+ * and a row of zeros filters to exact zeros next to any other); one batched
  * out-of-place transform, a multiplication by the transform of the
  * zero-padded filter, the inverse transform (scaled by 1/L, as
  * numpy.fft.ifft) and a scatter kernel that keeps the last S
@@ -24,7 +24,11 @@
  * (dspk__vk_sfft_fir), four passes over memory fewer.  Temporaries: two
  * (blocks x L) complex buffers and two of L for the filter, and the list
  * below, kept per block layout in the device's plan cache for the next
- * task (get_ws).
+ * task (get_ws).  Blocks too many for one binding of maxStorageBufferRange
+ * go through the unfused path in chunks of rows that fit (one row more
+ * kept free, as for the fused filter's); a block that does not fit with
+ * one more row is ENOTSUP, and dspk__vk_fir runs the direct kernel, which
+ * sees a cancel between its pieces (vk_ops.c).
  *
  * Non-finite values: one NaN or Inf in a block's samples (or in a tap)
  * makes every output of its transforms non-finite, and finite samples
@@ -64,10 +68,10 @@
  * the heuristic instead: overlap-save ols-x8 from FIR_FFT_MIN_K taps on.
  * dspk__vk_fir_force and dspk__vk_fir_tune_always are the tests' handles.
  *
- * Precision: f32 and c64 transform in single precision (an error of a few
- * ulps of the largest output of the transform's blocks, all of one row,
- * times log2(L), against the direct kernel's single-precision sums of k
- * products), f64 and c128 in double.
+ * Precision: f32 and c64 transform in single precision (an error at an
+ * output of about eps log2(L) max|x| sum|h|, max|x| over the samples of
+ * the output's block, against the direct kernel's single-precision sums of
+ * k products), f64 and c128 in double.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,7 +90,7 @@ static _Thread_local const char *fir_last = "";
 static _Thread_local int fir_last_fused;
 static _Thread_local unsigned fir_timed; /* tuner samples timed by timestamps */
 static _Thread_local unsigned fir_repairs; /* repair dispatches recorded */
-static _Thread_local size_t fir_ws_h, fir_ws_b; /* the last overlap-save workspace's key */
+static _Thread_local size_t fir_ws_h, fir_ws_b, fir_ws_f; /* the last workspace's key */
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -106,10 +110,9 @@ unsigned dspk__vk_fir_repairs(void) { return fir_repairs; }
 
 /* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
  * 32-bit indexing. */
-static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m,
-                    struct dspk__fir_geo *g) {
-  int r = dspk__fir_geometry(n, k, rows, cplx, m, FIR_MAX_LG, g);
-  return r ? r : g->nc * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
+static int geometry(int64_t n, int64_t k, int64_t rows, int m, struct dspk__fir_geo *g) {
+  int r = dspk__fir_geometry(n, k, rows, m, FIR_MAX_LG, g);
+  return r ? r : g->nblk * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
 }
 
 /* One of the path's kernels for dtype dt: 0 hpad, 1 gather, 2 cmul,
@@ -118,7 +121,7 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
   static const int nbind[4] = {2, 3, 2, 3};
-  static const uint32_t pcs[4] = {12, 32, 8, 36};
+  static const uint32_t pcs[4] = {12, 40, 8, 40};
   static const char *const body[4] = {
       /* hp = h zero-padded to L, as complex */
       "layout(std430, binding = 0) readonly buffer BH { T h[]; };\n"
@@ -131,29 +134,17 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
-      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, ox; } pc;\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, ox, c0, clr; } pc;\n"
       "FL_GLSL"
       "void main() {\n"
       "  uint mask = (1u << pc.lg) - 1u;\n"
-      "  for (uint i = gl_GlobalInvocationID.x; i < 4u + pc.nblk; i += STRIDE)\n"
+      "  for (uint i = gl_GlobalInvocationID.x; pc.clr != 0u && i < 4u + pc.nblk; i += STRIDE)\n"
       "    fl_clear(i, pc.nblk);\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
-      "    uint c = i >> pc.lg, j = i & mask;\n"
-      "#if CPLX\n"
-      "    uint row = c / pc.nb, b0 = c - row * pc.nb;\n"
-      "#else\n"
-      "    uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
-      "#endif\n"
-      "    C v = C(0);\n"
-      "    for (uint p = 0u; p < PARTS; p++) {\n"
-      "      if (b0 + p >= pc.nb) break;\n"
-      "      uint t = (b0 + p) * pc.S + j;\n"
-      "      if (t >= pc.km1 && t - pc.km1 < pc.n) {\n"
-      "        T xv = x[pc.ox + row * pc.n + t - pc.km1];\n"
-      "#if CPLX\n        v = xv;\n#else\n        v[p] = xv;\n#endif\n"
-      "      }\n"
-      "    }\n"
-      "    b[i] = v;\n"
+      "    uint c = pc.c0 + (i >> pc.lg), j = i & mask;\n"
+      "    uint row = c / pc.nb, t = (c - row * pc.nb) * pc.S + j;\n"
+      "    b[i] = t >= pc.km1 && t - pc.km1 < pc.n ? TOC(x[pc.ox + row * pc.n + t - pc.km1])\n"
+      "                                           : C(0);\n"
       "  }\n}\n",
       /* f *= hs, per block */
       "layout(std430, binding = 0) buffer BF { C f[]; };\n"
@@ -165,16 +156,14 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    C a = f[i], h = hs[i & mask];\n"
       "    f[i] = C(a.x * h.x - a.y * h.y, a.x * h.y + a.y * h.x);\n"
       "  }\n}\n",
-      /* y from the last S samples of each block: complex signals one
-       * output per invocation (total = rows*n), real ones one complex value
-       * per invocation (total = nc*S), an output of block 2q of its row in
-       * its real part and one of block 2q+1 in its imaginary part (see
-       * dspk__fir_geo); a segment that gets a non-finite output is listed
-       * in fl (see the top) */
+      /* y from the last S samples of each block of the chunk (blocks c0
+       * on, b from its first), one output per invocation (total = blocks x
+       * S; a real signal's in the real part); a segment that gets a
+       * non-finite output is listed in fl (see the top) */
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
-      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy, cap; } pc;\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy, cap, c0; } pc;\n"
       "FL_GLSL"
       "#if DBL\n"
       "bool bad(double v) { return (unpackDouble2x32(v).y & 0x7ff00000u) == 0x7ff00000u; }\n"
@@ -184,23 +173,16 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "void list(uint g) { fl_list(g, pc.nblk, pc.S, pc.cap); }\n"
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
+      "    uint cl = i / pc.S, j = i - cl * pc.S, c = pc.c0 + cl, row = c / pc.nb;\n"
+      "    uint t = (c - row * pc.nb) * pc.S + j;\n"
+      "    if (t >= pc.n) continue;\n"
+      "    C v = b[(cl << pc.lg) + pc.km1 + j];\n"
       "#if CPLX\n"
-      "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
-      "    T v = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
-      "    y[pc.oy + i] = v;\n"
-      "    if (bad(v.x) || bad(v.y)) list(row * pc.nb + blk);\n"
+      "    y[pc.oy + row * pc.n + t] = v;\n"
+      "    if (bad(v.x) || bad(v.y)) list(c);\n"
       "#else\n"
-      "    uint c = i / pc.S, j = i - c * pc.S;\n"
-      "    uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
-      "    C v = b[(c << pc.lg) + pc.km1 + j];\n"
-      "    for (uint p = 0u; p < 2u; p++) {\n"
-      "      if (b0 + p >= pc.nb) break;\n"
-      "      uint t = (b0 + p) * pc.S + j;\n"
-      "      if (t < pc.n) {\n"
-      "        y[pc.oy + row * pc.n + t] = v[p];\n"
-      "        if (bad(v[p])) list(row * pc.nb + b0 + p);\n"
-      "      }\n"
-      "    }\n"
+      "    y[pc.oy + row * pc.n + t] = v.x;\n"
+      "    if (bad(v.x)) list(c);\n"
       "#endif\n"
       "  }\n}\n"};
   int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
@@ -214,11 +196,11 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
   snprintf(src, sizeof src,
            "#version 450\n"
            "layout(local_size_x = %d) in;\n"
-           "#define T %s\n#define C %s\n#define CPLX %d\n#define DBL %d\n#define PARTS %du\n"
+           "#define T %s\n#define C %s\n#define CPLX %d\n#define DBL %d\n"
            "#define STRIDE (gl_NumWorkGroups.x * %du)\n"
            "#if CPLX\n#define TOC(v) (v)\n#else\n#define TOC(v) C(v, 0)\n#endif\n%s",
-           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, cplx ? 1 : 2,
-           DSPK__VK_WG, bod);
+           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, DSPK__VK_WG,
+           bod);
   return dspk__vk_kernel(d, names[which], src, NULL, 0, "main", nbind[which], pcs[which],
                          out, ctx);
 }
@@ -276,20 +258,18 @@ void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
   free(w);
 }
 
-/* The bytes of the list of non-finite segments for blocks of bbytes and
- * filters of hbytes: bb holds bbytes/hbytes rows of L, each of one or two
- * blocks, and the list has a count, a flag per block and a slot per block. */
-static size_t fl_bytes(size_t hbytes, size_t bbytes) {
-  return 4 * (size_t)DSPK__VK_FL_WORDS(2 * (bbytes / hbytes));
+/* The bytes of the list of non-finite segments of nblk blocks: a count, a
+ * flag per block and a slot per block. */
+static size_t fl_bytes(int64_t nblk) { return 4 * (size_t)DSPK__VK_FL_WORDS(nblk); }
+
+static int ws_key(char *key, size_t len, size_t hbytes, size_t bbytes, size_t flb) {
+  return snprintf(key, len, "firws|%zu|%zu|%zu", hbytes, bbytes, flb);
 }
 
-static int ws_key(char *key, size_t len, size_t hbytes, size_t bbytes) {
-  return snprintf(key, len, "firws|%zu|%zu", hbytes, bbytes);
-}
-
-static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_ws **out) {
+static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, size_t flb,
+                  struct fir_ws **out) {
   char key[96];
-  int klen = ws_key(key, sizeof key, hbytes, bbytes);
+  int klen = ws_key(key, sizeof key, hbytes, bbytes, flb);
   struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
   int r;
   if (w) {
@@ -302,7 +282,7 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
   w->kind = 5;
   if ((r = dspk__vk_alloc(d, hbytes, &w->hp)) || (r = dspk__vk_alloc(d, hbytes, &w->hs)) ||
       (r = dspk__vk_alloc(d, bbytes, &w->bb)) || (r = dspk__vk_alloc(d, bbytes, &w->ff)) ||
-      (r = dspk__vk_alloc(d, fl_bytes(hbytes, bbytes), &w->fl)) ||
+      (r = dspk__vk_alloc(d, flb, &w->fl)) ||
       (r = dspk__plancache_put(&d->plans, key, (size_t)klen, w))) {
     dspk__vk_fir_ws_free(d, w);
     return r;
@@ -314,7 +294,7 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
 #ifdef DSPK_TEST_HOOKS
 int dspk__vk_fir_list_head(struct dspk__dev *d, uint32_t head[4]) {
   char key[96];
-  int klen = ws_key(key, sizeof key, fir_ws_h, fir_ws_b);
+  int klen = ws_key(key, sizeof key, fir_ws_h, fir_ws_b, fir_ws_f);
   struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
   return w ? dspk__vk_read(d, w->fl, 0, head, 16) : DSPK_ENOENT;
 }
@@ -350,7 +330,7 @@ static int fused_cfg(struct dspk__dev *d, int64_t L, int64_t nc, struct dspk__vk
 static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
   dspk_dtype dt = X->dtype;
-  int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
   dspk_dtype cdt = dbl ? DSPK_C128 : DSPK_C64;
   size_t cs = dbl ? 16 : 8;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
@@ -365,18 +345,32 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     return dspk__vk_fail(ctx, DSPK_EDTYPE,
                          "fir: this Vulkan device lacks shaderFloat64 (dtype %s)",
                          dspk__dtype_name(dt));
-  if (total >= FIR_MAX_ELEMS || geometry(n, k, rows, cplx, m, &g))
+  if (total >= FIR_MAX_ELEMS || geometry(n, k, rows, m, &g))
     return dspk__vk_fail(ctx, DSPK_ELIMIT,
                          "fir: %lld samples with %lld taps are too many for FFT "
                          "convolution on vulkan (32-bit indexing)",
                          (long long)total, (long long)k);
-  /* nc rows of blocks, and one more for the fused path's filter */
-  size_t bbytes = (size_t)((g.nc + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
-  if (bbytes > d->props.limits.maxStorageBufferRange)
+  /* The blocks go in chunks of rows whose buffers (and one row more, the
+   * fused path's filter) stay within maxStorageBufferRange; all of them in
+   * one chunk when they fit (the fused path's only case).  A block of L
+   * values that does not fit with the filter's row is ENOTSUP (the caller
+   * runs the direct kernel). */
+  uint64_t range = d->props.limits.maxStorageBufferRange, rowb = (uint64_t)g.L * cs;
+  int64_t chunk = (int64_t)(range / rowb) - 1;
+  if (chunk < 1)
     return dspk__vk_fail(ctx, DSPK_ENOTSUP,
-                         "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange "
-                         "(%llu bytes)",
-                         bbytes, (unsigned long long)d->props.limits.maxStorageBufferRange);
+                         "fir: blocks of %lld values (%llu bytes) and the filter's row exceed "
+                         "the device's maxStorageBufferRange (%llu bytes)",
+                         (long long)g.L, (unsigned long long)rowb,
+                         (unsigned long long)range);
+  /* (The test hook DSPK_VK_FIR_CHUNK sets the blocks of a chunk.) */
+  const char *hc = DSPK_TEST_HOOK("DSPK_VK_FIR_CHUNK");
+  if (hc && atoll(hc) > 0 && atoll(hc) < chunk)
+    chunk = atoll(hc);
+  if (chunk > g.nblk)
+    chunk = g.nblk;
+  size_t bbytes = (size_t)((chunk + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
+  size_t flbytes = fl_bytes(g.nblk);
   for (int i = 0; i < 4; i++)
     if ((r = fir_kernel(d, dt, i, &kk[i], ctx)))
       return r;
@@ -384,53 +378,58 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
       (r = dspk__vk_bind_named(d, H, &bh, &eh, ctx, "fir's H")) ||
       (r = dspk__vk_bind_named(d, Y, &by, &ey, ctx, "fir's output")))
     return r;
-  if ((r = get_ws(d, hbytes, bbytes, &w)))
+  if ((r = get_ws(d, hbytes, bbytes, flbytes, &w)))
     return dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
-                         (long long)g.nc, (long long)g.L);
-  uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nc * g.L);
-  uint32_t ts = (uint32_t)(cplx ? total : g.nc * g.S);
+                         (long long)chunk, (long long)g.L);
+  uint32_t L = (uint32_t)g.L;
   uint32_t pad[3] = {L, (uint32_t)k, eh};
-  uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
-                     (uint32_t)g.nb, (uint32_t)g.nblk, ex};
-  uint32_t mul[2] = {tb, (uint32_t)g.lg};
   uint32_t cap = dspk__vk_fir_fix_groups(d, (uint32_t)g.S, (uint32_t)g.nblk);
-  uint32_t sct[9] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
-                     (uint32_t)g.nb, (uint32_t)g.nblk, ey, cap};
   struct dspk__vk_bind b1[2] = {bh, whole(w->hp, hbytes)};
-  VkDeviceSize flb = (VkDeviceSize)fl_bytes(hbytes, bbytes);
-  struct dspk__vk_bind bf = whole(w->fl, flb);
+  struct dspk__vk_bind bf = whole(w->fl, (VkDeviceSize)flbytes);
   struct dspk__vk_bind b2[3] = {bx, whole(w->bb, bbytes), bf};
   struct dspk__vk_bind b3[2] = {whole(w->ff, bbytes), whole(w->hs, hbytes)};
   struct dspk__vk_bind b4[3] = {whole(w->bb, bbytes), by, bf};
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
   struct dspk__vk_sfft_cfg sk;
-  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc + 1, &sk);
+  fir_last_fused = dt == DSPK_F32 && chunk == g.nblk && fused_cfg(d, g.L, g.nblk + 1, &sk);
   w->busy = 1;
   fir_ws_h = hbytes;
   fir_ws_b = bbytes;
+  fir_ws_f = flbytes;
   if (fir_last_fused) {
     /* Our fft kernels with the gather, the filter's transform (one row
      * more), the multiplication and the scatter done by their first and
      * last passes: five dispatches and four passes over memory fewer. */
     struct dspk__vk_bind ff = whole(w->ff, bbytes), bb = whole(w->bb, bbytes);
-    uint64_t rows = (uint64_t)g.nc + 1;
+    uint64_t rows = (uint64_t)g.nblk + 1;
     struct dspk__vk_sfft_fir fw = {&bx, &bh, &bf, ex, eh, (uint32_t)n, (uint32_t)(k - 1),
                                    (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, cap};
     struct dspk__vk_sfft_fir iv = fw;
     iv.sig = &by;
     iv.sigoff = ey;
     iv.hs = &ff;
-    iv.hoff = (uint32_t)(g.nc * g.L);
+    iv.hoff = (uint32_t)(g.nblk * g.L);
     if ((r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 0, &fw, &ff, 0, &ff, 0, ctx)) == 0)
       r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 1, &iv, &ff, 0, &bb, 0, ctx);
   } else if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
-             (r = dspk__vk_dispatch(d, kk[1], b2, 3, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
-             (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
-             (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
-    r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
+             (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0) {
+    /* Each chunk: gather (the first also clears the list), transform,
+     * multiply, transform back, scatter. */
+    for (int64_t c0 = 0; r == 0 && c0 < g.nblk; c0 += chunk) {
+      int64_t cnt = g.nblk - c0 < chunk ? g.nblk - c0 : chunk;
+      uint32_t tb = (uint32_t)(cnt * g.L), ts = (uint32_t)(cnt * g.S);
+      uint32_t gat[10] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
+                          (uint32_t)g.nb, (uint32_t)g.nblk, ex, (uint32_t)c0, c0 == 0};
+      uint32_t mul[2] = {tb, (uint32_t)g.lg};
+      uint32_t sct[10] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
+                          (uint32_t)g.nb, (uint32_t)g.nblk, ey, cap, (uint32_t)c0};
+      if ((r = dspk__vk_dispatch(d, kk[1], b2, 3, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
+          (r = fft_rows(d, cdt, w->bb, w->ff, cnt, g.L, 0, ctx)) == 0 &&
+          (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
+          (r = fft_rows(d, cdt, w->ff, w->bb, cnt, g.L, 1, ctx)) == 0)
+        r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
+    }
   }
   /* the direct kernel on the segments listed (see the top), but for the
    * tuner's samples (see dspk__fir_sampling); the test hook

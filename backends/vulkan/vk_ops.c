@@ -725,6 +725,16 @@ static const char *const fir_names[3] = {"fir's X", "fir's H", "fir's output"};
     "}\n"
 
 /* The direct kernel (vk_fir.c chooses between it and FFT convolution). */
+/* Multiply-adds of one piece of the direct fir: the outputs go to the
+ * device in pieces of about this much work, each submitted once the one
+ * before the last has run, and a cancel is seen between them (about 0.1 to
+ * 0.5 s of lavapipe on a 2-core machine; a GPU's pieces are larger so that
+ * it never idles between them).  The test hooks DSPK_VK_FIR_PIECE (the
+ * piece's multiply-adds) and DSPK_VK_FIR_CANCEL_AFTER (a cancel raised once
+ * that many pieces were submitted) make the cancel check testable. */
+#define FIR_PIECE_CPU ((uint64_t)1 << 28)
+#define FIR_PIECE_GPU ((uint64_t)1 << 34)
+
 int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
   dspk_dtype dt = X->dtype;
@@ -735,22 +745,23 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
   const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
   struct ready kr;
   /* One output sample per invocation, on a 2-D grid of workgroups (any
-   * count fits the dispatch limits); the taps go through shared memory in
-   * chunks so each workgroup reads them once per chunk, and in slices of
-   * FIR_TAP_SLICE per dispatch, each adding to the output the previous left,
-   * so that no invocation loops long (lavapipe silently ends an invocation's
-   * loops after 65535 iterations in all). */
-  r = prepare(d, ctx, &kr, "fir", dt, t, fir_names, 3, 40,
+   * count fits the dispatch limits), the outputs [i0, end) of a piece per
+   * dispatch; the taps go through shared memory in chunks so each
+   * workgroup reads them once per chunk, and in slices of FIR_TAP_SLICE
+   * per dispatch, each adding to the output the previous left, so that no
+   * invocation loops long (lavapipe silently ends an invocation's loops
+   * after 65535 iterations in all). */
+  r = prepare(d, ctx, &kr, "fir", dt, t, fir_names, 3, 44,
               "layout(std430, binding = 0) buffer BX { T x[]; };\n"
               "layout(std430, binding = 1) buffer BH { T h[]; };\n"
               "layout(std430, binding = 2) buffer BY { T y[]; };\n"
               "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, gx,\n"
-              "  first; } pc;\n"
+              "  first, i0; } pc;\n"
               "shared T hs[%d];\n"
               "%s"
               "void main() {\n"
               "  uint lid = gl_LocalInvocationID.x;\n"
-              "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
+              "  uint i = pc.i0 + (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
               "  bool live = i < pc.total;\n"
               "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
               "  T acc = fir_sum(lid, row, t, live);\n"
@@ -762,17 +773,47 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
   /* (Taps past the row's length never reach an output.) */
   int64_t n = X->shape[X->rank - 1];
   uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
-  uint32_t pc[10] = {(uint32_t)total, (uint32_t)n, k, kr.e[0], kr.e[1],
-                     kr.e[2], 0, 0, 0, 0};
+  uint32_t pc[11] = {0, (uint32_t)n, k, kr.e[0], kr.e[1], kr.e[2], 0, 0, 0, 0, 0};
   if (total == 0)
     return 0;
-  uint32_t gx, gy;
-  if ((r = dspk__vk_grid2d(d, ((uint64_t)total + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy,
-                           "fir", (uint64_t)total, "outputs", ctx)))
-    return r;
-  pc[8] = gx;
-  return dspk__vk_dispatch_sliced(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, gx, gy, k,
-                                  FIR_TAP_SLICE, fir_slice);
+  uint64_t piece = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? FIR_PIECE_CPU
+                                                                      : FIR_PIECE_GPU;
+  const char *hp = DSPK_TEST_HOOK("DSPK_VK_FIR_PIECE");
+  const char *hc = DSPK_TEST_HOOK("DSPK_VK_FIR_CANCEL_AFTER");
+  if (hp && atoll(hp) > 0)
+    piece = (uint64_t)atoll(hp);
+  /* The outputs of a piece: about piece / k (each output k multiply-adds
+   * at most), whole workgroups, at least one. */
+  uint64_t per = piece / (k ? k : 1) / DSPK__VK_WG * DSPK__VK_WG;
+  if (per < DSPK__VK_WG)
+    per = DSPK__VK_WG;
+  int npieces = 0;
+  for (uint64_t i0 = 0; i0 < (uint64_t)total; i0 += per) {
+    uint64_t cnt = (uint64_t)total - i0 < per ? (uint64_t)total - i0 : per;
+    uint32_t gx, gy;
+    if ((r = dspk__vk_grid2d(d, (cnt + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "fir",
+                             (uint64_t)total, "outputs", ctx)))
+      return r;
+    pc[0] = (uint32_t)(i0 + cnt);
+    pc[8] = gx;
+    pc[10] = (uint32_t)i0;
+    if ((r = dspk__vk_dispatch_sliced(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, gx, gy, k,
+                                      FIR_TAP_SLICE, fir_slice)))
+      return r;
+    if (i0 + cnt >= (uint64_t)total)
+      break;
+    /* The piece to the device, a cancel seen once the one before it ran
+     * (so at most two are queued). */
+    uint64_t prev = d->submitted;
+    if ((r = dspk__vk_submit(d)) || (prev && (r = dspk__vk_wait_value(d, prev))))
+      return r;
+    npieces++;
+    if (hc && ctx && ctx->cancel && npieces >= atoi(hc))
+      atomic_store(ctx->cancel, 1);
+    if (ctx && ctx->cancel && atomic_load(ctx->cancel))
+      return DSPK_ECANCELED;
+  }
+  return 0;
 }
 
 /* The repair of fir's overlap-save output (vk_fir.c): the direct sum on

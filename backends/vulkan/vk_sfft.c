@@ -435,30 +435,19 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
         "layout(std430, binding = 3) buffer BA { float a[]; };\n"
         "layout(std430, binding = 4) readonly buffer BH { %s hs[]; };\n",
      hk & HK_MUL ? "vec2" : "float");
-  /* Row c holds blocks 2q and 2q+1 of signal row r = c / nbp (nbp =
-   * (nb+1)/2 rows per signal row, q = c - r nbp; real and imaginary parts;
-   * never blocks of two signal rows, see dspk__fir_geo), and sample j of
-   * block b of row r is signal sample b S + j - (k-1) of row r; row
-   * rows x nbp, after the blocks, is the filter.  blk(c, p) is the index
-   * of the block in part p of row c, among all nblk, or nblk for none (the
-   * list's, FL_END). */
-  if (hk & HK_SCT)
-    ap(b, "uint blk(uint c, uint p) {\n"
-          "  uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, bi = 2u * (c - row * nbp) + p;\n"
-          "  return bi < pc.nb ? row * pc.nb + bi : pc.nblk;\n"
-          "}\n");
+  /* Row c < nblk holds block bi = c - row nb of signal row row = c / nb
+   * in its real parts (imaginary parts 0; one block a row, never two, see
+   * dspk__fir_geo), and sample j of block bi of row row is signal sample
+   * bi S + j - (k-1) of that row; row nblk, after the blocks, is the
+   * filter. */
   if (hk & HK_LD)
     ap(b,
-       "float sig(uint row, uint bi, uint j) {\n"
-       "  uint t = bi * pc.S + j;\n"
-       "  return bi < pc.nb && t >= pc.km1 && t - pc.km1 < pc.n ?\n"
-       "    a[pc.aoff + row * pc.n + t - pc.km1] : 0.0;\n"
-       "}\n"
        "vec2 LD(uint i) {\n"
        "  uint q = i - pc.xoff, c = q >> %du, j = q & %uu;\n"
-       "  uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
-       "  if (row >= pc.nblk / pc.nb) return vec2(j <= pc.km1 ? hs[pc.hoff + j] : 0.0, 0.0);\n"
-       "  return vec2(sig(row, b0, j), sig(row, b0 + 1u, j));\n"
+       "  if (c >= pc.nblk) return vec2(j <= pc.km1 ? hs[pc.hoff + j] : 0.0, 0.0);\n"
+       "  uint row = c / pc.nb, t = (c - row * pc.nb) * pc.S + j;\n"
+       "  return vec2(t >= pc.km1 && t - pc.km1 < pc.n ? a[pc.aoff + row * pc.n + t - pc.km1]\n"
+       "                                               : 0.0, 0.0);\n"
        "}\n",
        lg, mask);
   else if (hk & HK_MUL)
@@ -469,10 +458,10 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
    * DSPK__VK_FL_HEAD), for the direct kernel to compute them again: the
    * forward transform's first pass clears it (FL_BEGIN, before anything
    * else), the inverse's last pass lists a block by the exponent's bits of
-   * its outputs.  All of a thread's outputs belong to one row of two blocks
-   * (its transform), so it only notes which of the two got one (nf_b) and
-   * lists them once, at its end (FL_END); an output of another row, were
-   * there one, is listed at once. */
+   * its outputs.  All of a thread's outputs belong to one row, one block
+   * (its transform), so it only notes that it got one (nf_c: the block + 1)
+   * and lists it once, at its end (FL_END); an output of another block,
+   * were there one, is listed at once. */
   if (hk & (HK_LD | HK_SCT))
     ap(b, "layout(std430, binding = 5) buffer BL { uint fl[]; };\n%s", dspk__vk_fl_glsl);
   if (hk & HK_LD)
@@ -484,28 +473,20 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
     ap(b, "#define FL_END()\n");
   if (hk & HK_SCT)
     ap(b,
-       "uint nf_b = 0u, nf_c = 0u;\n"
+       "uint nf_c = 0u;\n"
        "void ST(uint i, vec2 v) {\n"
        "  uint q = i - pc.ooff, c = q >> %du, j = q & %uu;\n"
-       "  if (j < pc.km1) return;\n"
-       "  j -= pc.km1;\n"
-       "  uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
-       "  for (uint p = 0u; p < 2u; p++) {\n"
-       "    uint g = row * pc.nb + b0 + p, t = (b0 + p) * pc.S + j;\n"
-       "    if (b0 + p >= pc.nb || g >= pc.nblk) break; /* none, or the filter's row */\n"
-
-       "    float s = p == 0u ? v.x : v.y;\n"
-       "    if (t >= pc.n) continue;\n"
-       "    a[pc.aoff + row * pc.n + t] = s;\n"
-       "    if ((floatBitsToUint(s) & 0x7f800000u) == 0x7f800000u) {\n"
-       "      if (nf_b != 0u && nf_c != c) fl_list(g, pc.nblk, pc.S, pc.cap);\n"
-       "      else { nf_b |= 1u << p; nf_c = c; }\n"
-       "    }\n"
+       "  if (j < pc.km1 || c >= pc.nblk) return; /* not kept, or the filter's row */\n"
+       "  uint row = c / pc.nb, t = (c - row * pc.nb) * pc.S + j - pc.km1;\n"
+       "  if (t >= pc.n) return;\n"
+       "  a[pc.aoff + row * pc.n + t] = v.x;\n"
+       "  if ((floatBitsToUint(v.x) & 0x7f800000u) == 0x7f800000u) {\n"
+       "    if (nf_c != 0u && nf_c != c + 1u) fl_list(c, pc.nblk, pc.S, pc.cap);\n"
+       "    else nf_c = c + 1u;\n"
        "  }\n"
        "}\n"
        "void FL_END() {\n"
-       "  for (uint p = 0u; p < 2u; p++)\n"
-       "    if ((nf_b & (1u << p)) != 0u) fl_list(blk(nf_c, p), pc.nblk, pc.S, pc.cap);\n"
+       "  if (nf_c != 0u) fl_list(nf_c - 1u, pc.nblk, pc.S, pc.cap);\n"
        "}\n",
        lg, mask);
   else

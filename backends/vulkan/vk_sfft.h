@@ -59,11 +59,11 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
                   const struct dspk__vk_bind *o, uint32_t oelem, void **own,
                   struct dspk__opctx *ctx);
 /* The overlap-save fir's hooks into a transform (vk_fir.c) of real f32
- * signals: rows of L complex values, each holding two blocks of L samples
- * of one signal row (blocks 2q and 2q+1 of signal row r in the real and
- * imaginary parts of row r*((nb+1)/2) + q, as dspk__fir_geo says; nblk
- * blocks in all, nb per signal row of n samples, block b of a row
- * starting at sample b*S - km1), then one row more, the filter's.
+ * signals: rows of L complex values, each holding one block of L samples
+ * in its real parts (block b of signal row r in row r*nb + b, imaginary
+ * parts 0, as dspk__fir_geo says; nblk blocks in all, nb per signal row of
+ * n samples, block b of a row starting at sample b*S - km1), then one row
+ * more, the filter's.
 
  * Forward: the first pass reads the blocks straight from the signal (sig
  * from element sigoff; x is not read) and the filter's km1+1 taps (hs,

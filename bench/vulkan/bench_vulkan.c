@@ -304,8 +304,8 @@ static void bench_fir(struct dspk__dev *d, int64_t n) {
     fir_row(d, &op, "", tr);
     unsetenv("DSPK_VK_FIR_NOFIX");
     fir_row(d, &op, "", tr);
-    if (dspk__fir_geometry(n, k, 1, 0, m, 28, &g) == 0) {
-      int nc = dspk__vk_sfft_cands(d, (uint64_t)g.L, (uint64_t)g.nc, c, 8);
+    if (dspk__fir_geometry(n, k, 1, m, 28, &g) == 0) {
+      int nc = dspk__vk_sfft_cands(d, (uint64_t)g.L, (uint64_t)g.nblk + 1, c, 8);
       for (int i = 0; i < nc; i++) {
         dspk__vk_sfft_name(&c[i], name, sizeof name);
         fir_row(d, &op, name, tr);

@@ -694,6 +694,56 @@ def t_sigterm(exe, tmp):
     check(d2.wait() == 0, "exit 0")
 
 
+def vk_long_fir(c):
+    """Queues on vulkan:0 a c64 fir of 2^21 taps over 2^23 samples: one of its
+    overlap-save blocks (2^24 complex values, 128 MiB) and the filter's row pass
+    lavapipe's maxStorageBufferRange, so the direct kernel runs it, about 2e13
+    multiply-adds (hours on lavapipe); returns its msgid."""
+    n, k = 1 << 23, 1 << 21
+    x = c.call("buffer.create", {"size": n * 8, "device": "vulkan:0"})["buffer"]
+    h = c.call("buffer.create", {"size": k * 8, "device": "vulkan:0"})["buffer"]
+    y = c.call("buffer.create", {"size": n * 8, "device": "vulkan:0"})["buffer"]
+    return c.send("task.run", {"op": "fir", "device": "vulkan:0",
+                               "inputs": [{"buffer": x, "dtype": "c64", "shape": [n]},
+                                          {"buffer": h, "dtype": "c64", "shape": [k]}],
+                               "outputs": [{"buffer": y}]})
+
+
+def t_vkcancel(exe, tmp):
+    """Long device work on vulkan:0 ends when canceled (probe 15, B 2: a fir whose
+    direct kernel went to the device whole ran on for 15 minutes after its client
+    left, and no SIGTERM could stop the daemon): the fir's direct kernel sees a
+    cancel between its pieces, so its client's leaving frees the device, and
+    SIGTERM at the stop deadline answers it ECANCELED and the daemon exits 0."""
+    d = Daemon(exe, tmp, ["--shutdown-timeout", "300"], backends="cpu,vulkan")
+    probe = d.client()
+    if not [x for x in probe.call("status")["devices"] if x["id"] == "vulkan:0"]:
+        d.stop()
+        print("SKIP: no vulkan:0 device")
+        sys.exit(77)
+    a = d.client()
+    t = vk_long_fir(a)
+    wait_running(probe, dev="vulkan:0", owner=a, task=t)
+    a.close()
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        st = [x for x in probe.call("status")["devices"] if x["id"] == "vulkan:0"][0]
+        if st["running"] == 0:
+            break
+        check(time.monotonic() < deadline,
+              "the fir of a client that left still runs on vulkan:0: %r" % st)
+    b = d.client()
+    t = vk_long_fir(b)
+    wait_running(probe, dev="vulkan:0", owner=b, task=t)
+    d.proc.send_signal(signal.SIGTERM)
+    o = b.outcome(t)
+    check(o == "ECANCELED", "the running fir is canceled at the stop deadline: %s" % o)
+    for c in (b, probe):
+        c.expect_eof()
+    check(d.wait() == 0, "exit 0:\n" + d.logtext())
+    d.check_clean_exit()
+
+
 def t_fast(exe, tmp):
     """A second SIGTERM during the grace period cancels the running task now;
     the stop still goes in order."""
@@ -2143,6 +2193,7 @@ GROUPS = {
     "ownfiles": t_ownfiles,
     "cachefiles": t_cachefiles,
     "fast": t_fast,
+    "vkcancel": t_vkcancel,
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,
     "reloaddefault": t_reloaddefault,

@@ -2589,6 +2589,42 @@ def fir_rows(env):
     still_open(c)
 
 
+@case("task.run: a large value harms fir outputs at most L samples after it (fir row, "
+      "wide dynamic range)")
+def fir_blocks(env):
+    # One row of ones with one value of 1e20 (1e200 in f64 and c128) at index
+    # 100, 1025 taps: L is at most about 16·K samples, so every output from
+    # 100 + 16·K + 1 on is the exact sum of the taps (exact in every dtype)
+    # within eps·log2(L)·sum|H| (its blocks' largest value is 1).  A path that
+    # put two blocks of the row in one transform spoiled the next block too
+    # (lavapipe: errors of 1e13 on outputs of order 4000, 2L after the value).
+    c = env.conn()
+    fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
+    n, k, at = 40000, 1025, 100
+    h = [float(1 + (i * 31) % 7) for i in range(k)]
+    total = sum(h)
+    for dev in gpu_and_cpu_devices(c):
+        for dt, (fmt, w) in fmts.items():
+            big, eps = (1e20, 2.0 ** -24) if fmt == "f" else (1e200, 2.0 ** -53)
+            x = [1.0] * n
+            x[at] = big
+            flat = [v for a in x for v in ((a, 0.0) if w == 2 else (a,))]
+            hs = [v for a in h for v in ((a, 0.0) if w == 2 else (a,))]
+            r = c.ok("task.run", {"op": "fir", "device": dev, "inputs": [
+                {"dtype": dt, "shape": [1, n], "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)},
+                {"dtype": dt, "shape": [k], "data": struct.pack("<%d%s" % (len(hs), fmt), *hs)}]})
+            y = struct.unpack("<%d%s" % (n * w, fmt), r["outputs"][0]["data"])
+            first = at + 16 * k + 1
+            bound = 64 * eps * 16 * total  # log2(L) below 16 for these sizes
+            worst = max(range(first, n), key=lambda t: abs(y[t * w] - total) +
+                        (abs(y[t * w + 1]) if w == 2 else 0.0))
+            err = abs(y[worst * w] - total) + (abs(y[worst * w + 1]) if w == 2 else 0.0)
+            check(err <= bound, "%s fir %s: y[%d] = %r, want %g (a value of %g at %d, %d taps): "
+                  "error %g above %g" % (dev, dt, worst, y[worst * w:worst * w + w], total, big,
+                                         at, k, err, bound))
+    still_open(c)
+
+
 @case("Connections: a client that half-closes gets every answer, then the close")
 def half_close(env):
     for dev in gpu_and_cpu_devices(env.conn()):

@@ -493,6 +493,60 @@ static void t_contract(void **state) {
 }
 
 
+/* contract's remaking without the sums (an operand holds an infinity)
+ * keeps 12 bytes a part (f32, c64) or 16 (f64, c128), both parts of a
+ * complex value in one temporary: with the range it checks set to 65536
+ * (test hook DSPK_VK_CONTRACT_RANGE), i,i->i of n values with an inf runs while
+ * n times 12, 16, 24 or 32 bytes fit and is ELIMIT from one value more,
+ * its message giving the bytes a value of the dtype (probe 15, B 4: c64
+ * was refused from half the values the doc's "12 bytes a value" gave, the
+ * message saying "(12 a value)"). */
+static void t_contract_redo_limit(void **state) {
+  (void)state;
+  static const dspk_dtype dts[4] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  static const size_t per[4] = {12, 16, 24, 32};
+  static const char *const what[4] = {"(12 a f32 value)", "(16 a f64 value)",
+                                      "(24 a c64 value: 12 a part)",
+                                      "(32 a c128 value: 16 a part)"};
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = dts[di];
+    if ((dt == DSPK_F64 || dt == DSPK_C128) && !D->has_f64)
+      continue;
+    for (int more = 0; more < 2; more++) {
+      char msg[512];
+      int64_t n = 65536 / (int64_t)per[di] + more;
+      struct htensor A = h_make(dt, 1, &n, 0), B = h_make(dt, 1, &n, 0), out;
+      for (int64_t i = 0; i < n; i++) {
+        A.v[i] = 1;
+        B.v[i] = 2;
+      }
+      A.v[0] = INFINITY;
+      struct dspk__op op = {.kind = DSPK_OP_CONTRACT, .nin = 2};
+      snprintf(op.u.contract.subscripts, sizeof op.u.contract.subscripts, "i,i->i");
+      assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+      assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+      setenv("DSPK_VK_CONTRACT_RANGE", "65536", 1);
+      int r = h_run(D, &op, &out, msg, sizeof msg);
+      unsetenv("DSPK_VK_CONTRACT_RANGE");
+      if (more) {
+        if (r != DSPK_ELIMIT || !strstr(msg, what[di]))
+          fail_msg("contract i,i->i %s of %lld values with an inf: %d \"%s\", expected "
+                   "ELIMIT with \"%s\"", dspk__dtype_name(dt), (long long)n, r, msg, what[di]);
+      } else {
+        if (r)
+          fail_msg("contract i,i->i %s of %lld values with an inf: %d %s",
+                   dspk__dtype_name(dt), (long long)n, r, msg);
+        if (!(creal(out.v[0]) == INFINITY) || creal(out.v[n - 1]) != 2)
+          fail_msg("contract i,i->i %s: %g ... %g, want inf ... 2", dspk__dtype_name(dt),
+                   creal(out.v[0]), creal(out.v[n - 1]));
+        h_free(&out);
+      }
+      h_free(&A);
+      h_free(&B);
+    }
+  }
+}
+
 
 /* Sizes past what one shader invocation may loop on lavapipe (65535
  * iterations in all, after which llvmpipe silently leaves the loops): a
@@ -2905,7 +2959,9 @@ static void t_fir_fft(void **state) {
  * sum).  The shapes give one block per row (rows paired across, were they
  * packed two rows to a transform), an odd and an even number of blocks;
  * every block size in single precision, one in double (as t_fir_fft: the
- * plans cost most of the time on lavapipe). */
+ * plans cost most of the time on lavapipe); each also with its blocks in
+ * chunks of 3 (test hook DSPK_VK_FIR_CHUNK: blocks too many for one
+ * maxStorageBufferRange go in chunks), which cross rows. */
 static void t_fir_fft_rows(void **state) {
   (void)state;
   static const int64_t cases[][3] = {/* rows, n, k */
@@ -2920,7 +2976,10 @@ static void t_fir_fft_rows(void **state) {
     double tol = sp ? 1e-5 : 1e-12;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
       for (int m = sp ? 1 : 2; m <= (sp ? 3 : 2); m++)
-        for (int unfused = 0; unfused < (dt == DSPK_F32 ? 2 : 1); unfused++) {
+        for (int unfused = 0; unfused < 3; unfused++) {
+          /* 1: f32 unfused, 2: blocks in chunks of 3 (DSPK_VK_FIR_CHUNK) */
+          if (unfused == 1 && dt != DSPK_F32)
+            continue;
           char msg[512];
           int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
           int64_t xs[2] = {rows, n}, hs[1] = {k};
@@ -2928,14 +2987,17 @@ static void t_fir_fft_rows(void **state) {
           struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
           for (int64_t i = 0; i < X.n; i++)
             X.v[i] *= i / n < 5 ? scale[i / n] : 1;
-          if (unfused)
+          if (unfused == 1)
             setenv("DSPK_VK_FIR_SK", "off", 1);
+          if (unfused == 2)
+            setenv("DSPK_VK_FIR_CHUNK", "3", 1);
           assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
           assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
           dspk__vk_fir_force(m);
           int r = h_run(D, &op, &got, msg, sizeof msg);
           dspk__vk_fir_force(-1);
           unsetenv("DSPK_VK_FIR_SK");
+          unsetenv("DSPK_VK_FIR_CHUNK");
           if (r)
             fail_msg("fir rows %s %lldx%lld k=%lld mode %d: %d %s", dspk__dtype_name(dt),
                      (long long)rows, (long long)n, (long long)k, m, r, msg);
@@ -2966,6 +3028,152 @@ static void t_fir_fft_rows(void **state) {
           h_free(&Hh);
         }
   }
+}
+
+/* fir's FFT path keeps the blocks of one row apart as it keeps rows apart
+ * (probe 15, B 1: a real row's blocks went two to a transform, so a sample
+ * of 1e20 made the outputs of the next block, of order 100, wrong by 1e13
+ * on lavapipe): one row of samples in [0.5, 1] with one of 1e20 (f32, c64)
+ * or 1e200 (f64, c128) at index 100, every output within tol of the bound
+ * of protocol.md's fir, eps log2(L) max|x| sum|h| with max|x| over the
+ * samples of the output's own block (those from t - (k-1) - (S - 1 - j) to
+ * t, j its place among the block's S outputs), against the double direct
+ * sum; each block size of the dtype's precision, f32 fused and not. */
+static void t_fir_fft_blocks(void **state) {
+  (void)state;
+  const int64_t n = 9000, k = 200;
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    int sp = dt == DSPK_F32 || dt == DSPK_C64;
+    if (!sp && !D->has_f64)
+      continue;
+    double eps = sp ? 0x1p-24 : 0x1p-53, spike = sp ? (double)(float)1e20 : 1e200;
+    for (int m = sp ? 1 : 2; m <= (sp ? 3 : 2); m++)
+      for (int unfused = 0; unfused < 3; unfused++) {
+        /* 1: f32 unfused, 2: blocks in chunks of 3 (DSPK_VK_FIR_CHUNK) */
+        if (unfused == 1 && dt != DSPK_F32)
+          continue;
+        char msg[512];
+        int64_t xs[2] = {1, n}, hs[1] = {k};
+        struct htensor X = h_make(dt, 2, xs, 0), Hh = h_make(dt, 1, hs, 0), got;
+        for (int64_t i = 0; i < n; i++)
+          X.v[i] = h_cplx(dt) ? (0.75 + 0.25 * h_rand()) + I * (0.75 + 0.25 * h_rand())
+                              : 0.75 + 0.25 * h_rand();
+        for (int64_t i = 0; i < k; i++)
+          Hh.v[i] = 0.75 + 0.25 * h_rand();
+        if (sp)
+          for (int64_t i = 0; i < n; i++)
+            X.v[i] = (float)creal(X.v[i]) + I * (float)cimag(X.v[i]);
+        for (int64_t i = 0; i < k && sp; i++)
+          Hh.v[i] = (float)creal(Hh.v[i]);
+        X.v[100] = spike;
+        struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+        if (unfused == 1)
+          setenv("DSPK_VK_FIR_SK", "off", 1);
+        if (unfused == 2)
+          setenv("DSPK_VK_FIR_CHUNK", "3", 1);
+        assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+        assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
+        dspk__vk_fir_force(m);
+        int r = h_run(D, &op, &got, msg, sizeof msg);
+        dspk__vk_fir_force(-1);
+        unsetenv("DSPK_VK_FIR_SK");
+        unsetenv("DSPK_VK_FIR_CHUNK");
+        if (r)
+          fail_msg("fir blocks %s mode %d: %d %s", dspk__dtype_name(dt), m, r, msg);
+        assert_true(unfused != 2 || !dspk__vk_fir_last_fused());
+        assert_string_equal(dspk__vk_fir_last(), dspk__fir_path_names[m]);
+        int fused = dspk__vk_fir_last_fused();
+        struct dspk__fir_geo g;
+        assert_int_equal(dspk__fir_geometry(n, k, 1, m, 28, &g), 0);
+        double hsum = 0;
+        for (int64_t i = 0; i < k; i++)
+          hsum += cabs(Hh.v[i]);
+        for (int64_t t = 0; t < n; t++) {
+          double complex want = 0;
+          for (int64_t j = 0; j < k && j <= t; j++)
+            want += Hh.v[j] * X.v[t - j];
+          int64_t b0 = t / g.S * g.S - (k - 1); /* the block's first sample */
+          double mx = 0;
+          for (int64_t i = b0 < 0 ? 0 : b0; i < b0 + g.L && i < n; i++)
+            mx = fmax(mx, cabs(X.v[i]));
+          double bound = 8 * eps * g.lg * mx * hsum + 4 * eps * cabs(want) * k;
+          if (!(cabs(got.v[t] - want) <= bound))
+            fail_msg("fir blocks %s %s%s (L %lld, S %lld): y[%lld] = %g%+gi, want %g%+gi: "
+                     "error %g above the bound %g of its block (max|x| %g)",
+                     dspk__dtype_name(dt), dspk__fir_path_names[m], fused ? " fused" : "",
+                     (long long)g.L, (long long)g.S, (long long)t, creal(got.v[t]),
+                     cimag(got.v[t]), creal(want), cimag(want), cabs(got.v[t] - want), bound,
+                     mx);
+        }
+        h_free(&got);
+        h_free(&X);
+        h_free(&Hh);
+      }
+  }
+}
+
+/* The direct fir kernel goes to the device in pieces with a cancel check
+ * between them (probe 15, B 2: a fir of 2^23 taps over 9e6 samples, too
+ * long for the FFT path's blocks on lavapipe, ran whole for more than 15
+ * minutes, and neither its client's leaving nor SIGTERM stopped it): with
+ * pieces of 2^16 multiply-adds and a cancel that comes (test hook) once
+ * the second piece was submitted, 3 rows of 4000 samples with 300 taps
+ * answer ECANCELED; without the cancel, the same pieces give the double
+ * direct sum. */
+static void t_fir_direct_cancel(void **state) {
+  (void)state;
+  char msg[512];
+  int64_t xs[2] = {3, 4000}, hs[1] = {300};
+  struct htensor X = h_make(DSPK_F32, 2, xs, 1), Hh = h_make(DSPK_F32, 1, hs, 1);
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  assert_int_equal(VKB->alloc(D, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+  setenv("DSPK_VK_FIR_PIECE", "65536", 1);
+  dspk__vk_fir_force(0);
+  for (int cancel = 1; cancel >= 0; cancel--) {
+    if (cancel)
+      setenv("DSPK_VK_FIR_CANCEL_AFTER", "2", 1);
+    else
+      unsetenv("DSPK_VK_FIR_CANCEL_AFTER");
+    atomic_store(&cancel_flag, 0);
+    msg[0] = 0;
+    struct dspk__opctx ctx = {.cancel = &cancel_flag, .errmsg = msg, .errmsg_len = sizeof msg};
+    int r = VKB->run(D, &op, &ctx);
+    assert_int_equal(VKB->sync(D), 0);
+    if (cancel) {
+      if (r != DSPK_ECANCELED || !strstr(msg, "canceled"))
+        fail_msg("direct fir with a cancel: %d %s", r, msg);
+      continue;
+    }
+    if (r)
+      fail_msg("direct fir in pieces: %d %s", r, msg);
+    assert_string_equal(dspk__vk_fir_last(), "direct");
+    struct htensor Y = h_make(DSPK_F32, 2, xs, 0);
+    void *p = malloc((size_t)X.n * 4 + 16);
+    assert_int_equal(VKB->read(D, op.out[0].mem, 0, p, (size_t)X.n * 4), 0);
+    h_unpack(&Y, p);
+    free(p);
+    double complex *want = calloc((size_t)X.n, sizeof *want);
+    for (int64_t row = 0; row < 3; row++)
+      for (int64_t t = 0; t < 4000; t++)
+        for (int64_t j = 0; j < 300 && j <= t; j++)
+          want[row * 4000 + t] += Hh.v[j] * X.v[row * 4000 + t - j];
+    double e = h_relerr(&Y, want, X.n);
+    if (!(e <= 1e-5))
+      fail_msg("direct fir in pieces: rel err %g", e);
+    free(want);
+    h_free(&Y);
+  }
+  dspk__vk_fir_force(-1);
+  unsetenv("DSPK_VK_FIR_PIECE");
+  VKB->free(D, op.out[0].mem);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.in[1].mem);
+  h_free(&X);
+  h_free(&Hh);
 }
 
 /* fir on x and h (host tensors: rows x n and k values) with the path mode
@@ -3059,7 +3267,9 @@ static void t_fir_fft_nonfinite(void **state) {
     double tol = sp ? 1e-5 : 1e-12;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
       for (int v = 0; v < 4; v++)
-        for (int off = 0; off < (dt == DSPK_F32 ? 3 : 2); off++) {
+        for (int off = 0; off < 4; off++) {
+          if (off == 2 && dt != DSPK_F32)
+            continue;
           int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
           int64_t xs[2] = {rows, n}, hs[1] = {k}, at = (rows - 1) * n + n / 4;
           struct htensor X = h_make(dt, 2, xs, 1), Hh = h_make(dt, 1, hs, 1);
@@ -3081,11 +3291,15 @@ static void t_fir_fft_nonfinite(void **state) {
               Hh.v[i] = cx ? CMPLX(1e-6, 1e-6) : 1e-6;
           }
           /* off 1: the repair's workgroups take several segments each, the
-           * taps in several dispatches; off 2: f32 not fused */
+           * taps in several dispatches; off 2: f32 not fused; off 3: the
+           * blocks in chunks of 2 (DSPK_VK_FIR_CHUNK), the list cleared by
+           * the first only */
           if (off == 1)
             setenv("DSPK_VK_FIR_FIX_GROUPS", "1", 1);
           if (off == 2)
             setenv("DSPK_VK_FIR_SK", "off", 1);
+          if (off == 3)
+            setenv("DSPK_VK_FIR_CHUNK", "2", 1);
           fir_values_case(what, dt, (int)cases[c][3], &X, &Hh, tol);
           unsetenv("DSPK_VK_FIR_FIX_GROUPS");
           if (off == 2)
@@ -3109,6 +3323,7 @@ static void t_fir_fft_nonfinite(void **state) {
             h_free(&Hh);
           }
           unsetenv("DSPK_VK_FIR_SK");
+          unsetenv("DSPK_VK_FIR_CHUNK");
         }
   }
 }
@@ -3225,7 +3440,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_reduce_small_addends),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
-      cmocka_unit_test(t_fir_fft_rows),
+      cmocka_unit_test(t_fir_fft_rows), cmocka_unit_test(t_fir_fft_blocks),
+      cmocka_unit_test(t_fir_direct_cancel), cmocka_unit_test(t_contract_redo_limit),
       cmocka_unit_test(t_fir_fft_nonfinite), cmocka_unit_test(t_fir_tune_nonfinite),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
