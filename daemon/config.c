@@ -673,7 +673,9 @@ static int check_listen(const char *s, char *why, size_t len) {
     if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
       if (bracketed_v6(s + 1, n - 2))
         return 0;
-    } else if (memchr(s, ':', n)) {
+    } else if (bracketed_v6(s, n)) {
+      /* The hint only where the host is an IPv6 address as it stands: a
+       * value with other text ("[::1]x:0") gets the general message. */
       snprintf(why, len, "an IPv6 address goes in brackets ([%.*s]:%s), got \"%s\"", (int)n,
                s, colon + 1, vis(s));
       return -1;

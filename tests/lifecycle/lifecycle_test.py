@@ -1582,6 +1582,9 @@ def t_config(exe, tmp):
                        # --metrics-listen: no form read two ways.
                        (["--metrics-listen", "::1:0"],
                         "--metrics-listen: an IPv6 address goes in brackets ([::1]:0)"),
+                       (["--metrics-listen", "fe80::1%eth0:0"],
+                        "--metrics-listen: an IPv6 address goes in brackets "
+                        "([fe80::1%eth0]:0)"),
                        (["--metrics-listen", "0:0"],
                         "--metrics-listen: expected ADDR:PORT"),
                        (["--metrics-listen", "127.1:0"],
@@ -1595,7 +1598,10 @@ def t_config(exe, tmp):
                                    "0X7F.0.0.1:0", "0177.0.0.1:0", "2130706433:0",
                                    "127.0.0.1 :0", " 127.0.0.1:0", "127.0.0.1\t:0",
                                    "local host:0", "[]:0", "[127.0.0.1]:0",
-                                   "[localhost]:0", "[::1%]:0")]):
+                                   "[localhost]:0", "[::1%]:0",
+                                   # no IPv6 address as it stands either: no
+                                   # hint to bracket it (probe 15 E8)
+                                   "[::1]x:0", "x[::1]:0", "::1x:0", "fe80::1%:0")]):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
