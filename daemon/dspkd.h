@@ -386,6 +386,11 @@ struct conn {
   bool in_process;          /* conn_process() is on the stack */
   bool held;                /* stopped processing frames with some buffered */
   bool close_after_flush;   /* close once every queued write is done */
+  /* Closed with a protocol.error while answers waited (daemon/conn.c,
+   * notice_flush): the notice written after them, and the bound on it. */
+  struct wreq *notice;
+  uv_timer_t *notice_timer;
+  bool notice_armed;        /* notice_timer's first (0 ms) round is done */
   bool eof;                 /* the client half-closed: answer, then close */
   bool deferred;            /* its user's turn is used up: frames wait for the next */
   /* Paused (daemon/conn.c, peek_cancels): the stream position up to which
