@@ -554,8 +554,9 @@ static int check_backends(const char *s, char *why, size_t len) {
 }
 
 /* raw_kernels: all, none, or a comma list of device ids (BACKEND:N, a
- * backend dspk knows); whether each device exists is the host's to say, so
- * an id of none here runs nothing and is no error. */
+ * backend dspk knows, N without a leading 0); whether each device exists
+ * is the host's to say, so an id of none here runs nothing and is no
+ * error: the start warns of it (daemon/device.c, log_raw_kernels). */
 static int check_raw_kernels(const char *s, char *why, size_t len) {
   if (strcmp(s, "all") == 0 || strcmp(s, "none") == 0)
     return 0;
@@ -568,9 +569,13 @@ static int check_raw_kernels(const char *s, char *why, size_t len) {
     size_t n = strcspn(p, ","), b = strcspn(p, ":,");
     bool known = known_backend(p, b);
     size_t digits = b < n ? strspn(p + b + 1, "0123456789") : 0;
-    if (!known || b >= n || digits == 0 || digits > 3 || b + 1 + digits != n) {
+    /* The index as the daemon writes it: no leading 0 ("vulkan:00" reads
+     * as vulkan:0 to a person, and would name no device). */
+    if (!known || b >= n || digits == 0 || digits > 3 || b + 1 + digits != n ||
+        (digits > 1 && p[b + 1] == '0')) {
       snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids "
-               "such as vulkan:0 or cuda:1; got \"%s\" in \"%s\"", visn(p, n), vis(s));
+               "such as vulkan:0 or cuda:1 (the index without a leading 0); got \"%s\" in "
+               "\"%s\"", visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])

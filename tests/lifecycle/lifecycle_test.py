@@ -1541,6 +1541,13 @@ def t_config(exe, tmp):
                        (["--raw-kernels", ""], "--raw-kernels: expected all, none, or a comma "
                         "list (no blanks) of device ids such as vulkan:0 or cuda:1; got an "
                         "empty value"),
+                       # An index reads one way: vulkan:00 would name no device
+                       # while a person reads vulkan:0 (probe 15 E7).
+                       (["--raw-kernels", "vulkan:00"], '--raw-kernels: expected all, none, or '
+                        'a comma list (no blanks) of device ids such as vulkan:0 or cuda:1 (the '
+                        'index without a leading 0); got "vulkan:00" in "vulkan:00"'),
+                       (["--raw-kernels", "vulkan:0,cuda:01"], '--raw-kernels: expected all, '
+                        'none'),
                        (["--metrics-listen", ""], "--metrics-listen: expected ADDR:PORT"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
                        (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
