@@ -866,6 +866,21 @@ static int handle_key(void *user, const char *section, const char *name, const c
   if (strcmp(section, k->section) != 0)
     return perr(p, "key \"%s\" belongs in section [%s], not [%s]", vis(name), k->section,
                 vis(section));
+  /* A list of [policy] given again adds its entries to the list (a line
+   * holds at most 199 bytes, libinih's buffer: a long list takes several
+   * lines).  Any other key given twice is refused. */
+  if ((p->seen & ((uint64_t)1 << idx)) && (k->type == K_USERS || k->type == K_GROUPS)) {
+    struct dspkd_idlist *l = (struct dspkd_idlist *)(void *)((char *)p->cfg + k->off);
+    struct dspkd_idlist *more = (struct dspkd_idlist *)(void *)((char *)&scratch + k->off);
+    if (store(k, value, true, &scratch, why, sizeof why) != 0)
+      return perr(p, "%s: %s", name, why);
+    if (l->n + more->n > DSPKD_MAX_IDS)
+      return perr(p, "%s: more than %d entries (this line and those before)", name,
+                  DSPKD_MAX_IDS);
+    memcpy(l->id + l->n, more->id, more->n * sizeof more->id[0]);
+    l->n += more->n;
+    return 1;
+  }
   if (p->seen & ((uint64_t)1 << idx))
     return perr(p, "key \"%s\" given twice", vis(name));
   p->seen |= (uint64_t)1 << idx;

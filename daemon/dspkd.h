@@ -42,7 +42,7 @@
 #define DSPKD_MAX_DEVICE_INFLIGHT 64
 
 /* A list of user or group ids from the configuration's access policy. */
-#define DSPKD_MAX_IDS 32
+#define DSPKD_MAX_IDS 1024
 struct dspkd_idlist {
   unsigned n; /* 0: the list is not set */
   uint32_t id[DSPKD_MAX_IDS];

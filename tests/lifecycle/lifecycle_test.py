@@ -1456,6 +1456,13 @@ def t_config(exe, tmp):
     # was allowed; log_level = info ; c was taken as info) ...
     start_fail("[policy]\nallow_users = root ; nosuchuser_zz\n",
                "%(f)s:2: a comment cannot follow a value")
+    # A list of [policy] given again adds to it, up to 1024 entries (probe 15
+    # E6); any other key given twice is refused.
+    start_fail("[policy]\n" + "allow_groups = %s\n" % ",".join(str(200000 + i)
+                                                           for i in range(16)) * 64
+               + "allow_groups = 1\n", "%(f)s:66: allow_groups: more than 1024 entries")
+    start_fail("[daemon]\nlog_level = info\nlog_level = info\n",
+               '%(f)s:3: key "log_level" given twice')
     start_fail("[daemon]\nlog_level = info\t; c\n", "%(f)s:2: a comment cannot follow a value")
     # ... ":" for "=" ...
     start_fail("[daemon]\nlog_level : info\n", '%(f)s:2: expected key = value (":" does not')
@@ -1828,7 +1835,11 @@ def t_policy(exe, tmp):
     reg = root.call("job.register", {"job": 4242, "uid": nobody})
     check(root.call("job.end", {"job": 4242}) is not None, "root registers and ends a job: %r"
           % reg)
-    write(conf, "[policy]\nallow_users = nobody\nadmin_groups = 12345\n")
+    # allow_users over three lines (one line holds at most 199 bytes): each
+    # adds to the list (probe 15 E6), nobody on the last line is admitted.
+    write(conf, "[policy]\n" + "".join("allow_users = %s\n" % ",".join(
+        str(100000 + 14 * k + i) for i in range(14)) for k in range(2))
+        + "allow_users = nobody\nadmin_groups = 12345\n")
     d.proc.send_signal(signal.SIGHUP)
     d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
