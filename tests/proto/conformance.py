@@ -500,6 +500,25 @@ def notice_after_answers(env):
         check(time.monotonic() - t0 < 10, "a connection that reads nothing still open after 10 s")
     watcher.close()
     c.close()
+    # The same for a connection whose Slurm job ends: its job.end is answered
+    # without waiting for the client to read (the job leaves the connection
+    # at once), then the client reads its answer whole and the EPERM notice.
+    admin = env.conn()
+    admin.ok("job.register", {"job": 77, "uid": os.getuid()})
+    j = env.conn()
+    j.ok("hello", {"job": 77})
+    b = j.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    j.ok("buffer.write", {"buffer": b, "data": blob})
+    read = j.request("buffer.read", {"buffer": b})
+    while not j.s.recv(1, socket.MSG_PEEK):
+        pass
+    r = admin.ok("job.end", {"job": 77})
+    check(r["ended"] and r["connections"] == 1, "job.end %r" % (r,))
+    expect_protocol_error(j, "EPERM", "Slurm job 77 ended")
+    check(j.events[-2] == ("response", read) and j.responses[read][0][3] == {"data": blob},
+          "the answer whole before the notice: %r" % (j.events[-3:],))
+    j.close()
+    admin.close()
 
 
 @case("Framing: notifications from a client are ignored")
