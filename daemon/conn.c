@@ -480,8 +480,10 @@ static void on_conn_close(uv_handle_t *h) { dspkd_conn_unref(h->data); }
 static void on_notice_timer_closed(uv_handle_t *h) { free(h); }
 
 static void notice_pipe_close(struct conn *c) {
-  if (!uv_is_closing((uv_handle_t *)&c->pipe))
+  if (!uv_is_closing((uv_handle_t *)&c->pipe)) {
+    dspkd_shm_conn_park(c); /* as dspkd_conn_close does for the others */
     uv_close((uv_handle_t *)&c->pipe, on_conn_close);
+  }
   if (c->notice_timer) {
     uv_close((uv_handle_t *)c->notice_timer, on_notice_timer_closed);
     c->notice_timer = NULL;
@@ -595,7 +597,11 @@ void dspkd_conn_close(struct conn *c, const char *why) {
     c->land.j = NULL;
   }
   dspkd_sched_cancel_all(d, c);
-  dspkd_shm_conn_park(c); /* its answers' descriptors the client has not read */
+  /* Its answers' descriptors the client has not read (a notice written
+   * after the answers parks them once they are written: the park shuts
+   * the socket's sending side). */
+  if (!c->notice)
+    dspkd_shm_conn_park(c);
   /* The table's references go; a buffer a job still holds stays allocated
    * until that job lets go: kept in bufs[0..held_bufs) so that status and
    * metrics count it until then (dspkd_dbuf_unref takes it out). */
@@ -612,8 +618,11 @@ void dspkd_conn_close(struct conn *c, const char *why) {
     }
     dspkd_dbuf_unref(d, b);
   }
-  if (c->notice && notice_flush(c) == 0)
-    return;
+  if (c->notice) {
+    if (notice_flush(c) == 0)
+      return;
+    dspkd_shm_conn_park(c);
+  }
   uv_close((uv_handle_t *)&c->pipe, on_conn_close);
 }
 

@@ -36,6 +36,7 @@ import socket
 import struct
 import sys
 import tempfile
+import termios
 import time
 import traceback
 
@@ -484,6 +485,24 @@ def notice_after_answers(env):
           "the answer, then the notice: %r" % (c.events[-3:],))
     check(c.responses[read][0][3] == {"data": blob}, "the buffer.read answer is not whole")
     check(c.events[-1][0] == "protocol.error", "the notice is not last: %r" % (c.events[-3:],))
+    c.close()
+    # Answers that carry a descriptor (buffer.share) among them: each comes
+    # with its descriptor, before the notice.
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": blob})
+    shares = [c.request("buffer.share", {"size": 4096}) for _ in range(3)]
+    read = c.request("buffer.read", {"buffer": b})
+    # the share answers and the read's first MiB have arrived (a peek stops
+    # at a descriptor): the rest waits in the daemon
+    while struct.unpack("i", fcntl.ioctl(c.s, termios.FIONREAD, b"\0" * 4))[0] < 1 << 20:
+        pass
+    c.send(b"\xc1")
+    expect_protocol_error(c, "EPROTO", "0xc1")
+    got = [m for kind, m in c.events if kind == "response"]
+    check(read in got and all(m in got for m in shares) and len(c.fds) == 3 and
+          c.events[-1][0] == "protocol.error" and c.responses[read][0][3] == {"data": blob},
+          "answers %r, %d descriptors, then the notice" % (c.events[-6:], len(c.fds)))
     c.close()
     # A client that never reads: its connection is gone within the bound
     # (2 s), its answer never read; the daemon serves on.
