@@ -281,11 +281,13 @@ void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char 
   dspkd_conn_send(c, wr);
 }
 
-/* Sends [2, "protocol.error", [error]] as far as the socket takes it now,
- * then closes the connection: the client broke the protocol (or is refused),
- * so nothing more is owed to it, and the daemon must not keep buffering for
- * it.  A notice written whole lingers (daemon/linger.c): the socket stays
- * open, its sending side shut, until the client has read it. */
+/* Sends [2, "protocol.error", [error]], then closes the connection: the
+ * client broke the protocol (or is refused, or its job ended), so nothing
+ * more is owed to it.  With nothing queued the notice goes now, as far as
+ * the socket takes it; behind queued answers it waits for them, for at
+ * most NOTICE_FLUSH_MS (notice_flush).  A notice written whole lingers
+ * (daemon/linger.c): the socket stays open, its sending side shut, until
+ * the client has read it. */
 static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   struct wreq *wr;
   size_t n;
