@@ -611,8 +611,9 @@ static int check_backends(const char *s, char *why, size_t len) {
 }
 
 /* raw_kernels: all, none, or a comma list of device ids (BACKEND:N, a
- * backend dspk knows); whether each device exists is the host's to say, so
- * an id of none here runs nothing and is no error. */
+ * backend dspk knows, N without a leading 0); whether each device exists
+ * is the host's to say, so an id of none here runs nothing and is no
+ * error: the start warns of it (daemon/device.c, log_raw_kernels). */
 static int check_raw_kernels(const char *s, char *why, size_t len) {
   if (strcmp(s, "all") == 0 || strcmp(s, "none") == 0)
     return 0;
@@ -625,9 +626,13 @@ static int check_raw_kernels(const char *s, char *why, size_t len) {
     size_t n = strcspn(p, ","), b = strcspn(p, ":,");
     bool known = known_backend(p, b);
     size_t digits = b < n ? strspn(p + b + 1, "0123456789") : 0;
-    if (!known || b >= n || digits == 0 || digits > 3 || b + 1 + digits != n) {
+    /* The index as the daemon writes it: no leading 0 ("vulkan:00" reads
+     * as vulkan:0 to a person, and would name no device). */
+    if (!known || b >= n || digits == 0 || digits > 3 || b + 1 + digits != n ||
+        (digits > 1 && p[b + 1] == '0')) {
       snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids "
-               "such as vulkan:0 or cuda:1; got \"%s\" in \"%s\"", visn(p, n), vis(s));
+               "such as vulkan:0 or cuda:1 (the index without a leading 0); got \"%s\" in "
+               "\"%s\"", visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])
@@ -730,7 +735,9 @@ static int check_listen(const char *s, char *why, size_t len) {
     if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
       if (bracketed_v6(s + 1, n - 2))
         return 0;
-    } else if (memchr(s, ':', n)) {
+    } else if (bracketed_v6(s, n)) {
+      /* The hint only where the host is an IPv6 address as it stands: a
+       * value with other text ("[::1]x:0") gets the general message. */
       snprintf(why, len, "an IPv6 address goes in brackets ([%.*s]:%s), got \"%s\"", (int)n,
                s, colon + 1, vis(s));
       return -1;
@@ -916,6 +923,29 @@ static int handle_key(void *user, const char *section, const char *name, const c
   if (strcmp(section, k->section) != 0)
     return perr(p, "key \"%s\" belongs in section [%s], not [%s]", vis(name), k->section,
                 vis(section));
+  /* A list of [policy] given again adds its entries to the list (a line
+   * holds at most 199 bytes, libinih's buffer: a long list takes several
+   * lines).  Any other key given twice is refused. */
+  if ((p->seen & ((uint64_t)1 << idx)) && (k->type == K_USERS || k->type == K_GROUPS)) {
+    struct dspkd_idlist *l = (struct dspkd_idlist *)(void *)((char *)p->cfg + k->off);
+    struct dspkd_idlist *more = (struct dspkd_idlist *)(void *)((char *)&scratch + k->off);
+    bool skip_more = (p->skip & ((uint64_t)1 << idx)) != 0;
+    ids_warn[0] = '\0';
+    if (store(k, value, true, &scratch, why, sizeof why) != 0)
+      return perr(p, "%s: %s", name, why);
+    if (skip_more)
+      return 1;
+    /* Its names that do not resolve: as on the key's first line. */
+    if (ids_warn[0])
+      dspkd_warn("%s:%d: %s: %s: such a name admits no one until a reload finds it (the "
+                 "other entries apply)", p->path, p->line, name, ids_warn);
+    if (l->n + more->n > DSPKD_MAX_IDS)
+      return perr(p, "%s: more than %d entries (this line and those before)", name,
+                  DSPKD_MAX_IDS);
+    memcpy(l->id + l->n, more->id, more->n * sizeof more->id[0]);
+    l->n += more->n;
+    return 1;
+  }
   if (p->seen & ((uint64_t)1 << idx))
     return perr(p, "key \"%s\" given twice", vis(name));
   p->seen |= (uint64_t)1 << idx;

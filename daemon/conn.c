@@ -281,11 +281,13 @@ void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char 
   dspkd_conn_send(c, wr);
 }
 
-/* Sends [2, "protocol.error", [error]] as far as the socket takes it now,
- * then closes the connection: the client broke the protocol (or is refused),
- * so nothing more is owed to it, and the daemon must not keep buffering for
- * it.  A notice written whole lingers (daemon/linger.c): the socket stays
- * open, its sending side shut, until the client has read it. */
+/* Sends [2, "protocol.error", [error]], then closes the connection: the
+ * client broke the protocol (or is refused, or its job ended), so nothing
+ * more is owed to it.  With nothing queued the notice goes now, as far as
+ * the socket takes it; behind queued answers it waits for them, for at
+ * most NOTICE_FLUSH_MS (notice_flush).  A notice written whole lingers
+ * (daemon/linger.c): the socket stays open, its sending side shut, until
+ * the client has read it. */
 static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   struct wreq *wr;
   size_t n;
@@ -300,10 +302,16 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   if (wr) {
     dspk__pack_notify_head(&wr->w.pk, "protocol.error");
     dspk__pack_error(&wr->w.pk, code, msg);
-    if (c->unsent == 0 && wreq_bufs(wr, &n) == 0 &&
-        uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n) == (int)wr->len &&
-        uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0)
+    if (c->unsent > 0) {
+      /* Answers wait (in part written): the notice goes after them, so
+       * the client's stream holds whole messages (dspkd_conn_close). */
+      c->notice = wr;
+      wr = NULL;
+    } else if (wreq_bufs(wr, &n) == 0 &&
+               uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n) == (int)wr->len &&
+               uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0) {
       dspkd_linger(c->d->loop, fd);
+    }
     dspkd_wreq_free(wr);
   }
   dspkd_conn_close(c, msg);
@@ -415,10 +423,22 @@ static void rb_count(struct conn *c) {
 
 void dspkd_conn_ref(struct conn *c) { c->refs++; }
 
+/* A connection that writes its answers and notice before its socket
+ * closes (notice_flush) leaves its Slurm job once nothing of the job's
+ * runs or is held by it any more, as a connection closed at once does: a
+ * job.end waiting for its connections is not held up by a client that
+ * does not read. */
+static void notice_job_gone(struct conn *c) {
+  if (c->notice_armed && c->notice_timer && c->job && !c->jobs && c->held_bufs == 0)
+    dspkd_job_conn_gone(c);
+}
+
 void dspkd_conn_unref(struct conn *c) {
   struct dspkd *d = c->d;
-  if (--c->refs > 0)
+  if (--c->refs > 0) {
+    notice_job_gone(c);
     return;
+  }
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -446,6 +466,100 @@ void dspkd_conn_unref(struct conn *c) {
 }
 
 static void on_conn_close(uv_handle_t *h) { dspkd_conn_unref(h->data); }
+
+/* ---- the notice after waiting answers ----------------------------------
+ * A connection closed with a protocol.error while answers wait to be
+ * written (c->unsent > 0) keeps its socket for at most NOTICE_FLUSH_MS: its
+ * answers already queued are written whole, then the notice, and the socket
+ * lingers as after a notice written at once (daemon/linger.c).  Everything
+ * else of the connection is gone already (dspkd_conn_close): nothing more
+ * is queued, and what the client sends meanwhile is read and dropped.  A
+ * client that has not read them by the bound gets the end of the stream
+ * where it stopped reading, possibly inside an answer, without the notice
+ * (docs/protocol.md, "Notifications from the daemon"). */
+#define NOTICE_FLUSH_MS 2000
+
+static void on_notice_timer_closed(uv_handle_t *h) { free(h); }
+
+static void notice_pipe_close(struct conn *c) {
+  if (!uv_is_closing((uv_handle_t *)&c->pipe)) {
+    dspkd_shm_conn_park(c); /* as dspkd_conn_close does for the others */
+    uv_close((uv_handle_t *)&c->pipe, on_conn_close);
+  }
+  if (c->notice_timer) {
+    uv_close((uv_handle_t *)c->notice_timer, on_notice_timer_closed);
+    c->notice_timer = NULL;
+  }
+}
+
+static void on_notice_timer(uv_timer_t *t) {
+  struct conn *c = t->data;
+  if (!c->notice_armed) {
+    c->notice_armed = true;
+    notice_job_gone(c);
+    uv_timer_start(t, on_notice_timer, NOTICE_FLUSH_MS, 0);
+    return;
+  }
+  dspkd_debug("client %llu: its answers and notice not read within %d ms: closed",
+              (unsigned long long)c->id, NOTICE_FLUSH_MS);
+  notice_pipe_close(c); /* the notice's write is canceled with it */
+}
+
+static void on_notice_written(uv_write_t *req, int status) {
+  struct wreq *wr = (struct wreq *)req;
+  struct conn *c = wr->c;
+  uv_os_fd_t fd;
+  dspkd_wreq_free(wr);
+  if (status == 0 && !uv_is_closing((uv_handle_t *)&c->pipe) &&
+      uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0)
+    dspkd_linger(c->d->loop, fd);
+  notice_pipe_close(c);
+  dspkd_conn_unref(c);
+}
+
+static void notice_alloc(uv_handle_t *h, size_t want, uv_buf_t *buf) {
+  static char sink[65536]; /* the loop thread's: dropped */
+  (void)h;
+  (void)want;
+  buf->base = sink;
+  buf->len = sizeof sink;
+}
+
+static void notice_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  (void)buf;
+  if (n < 0) /* the client's end of stream: it may still read */
+    uv_read_stop(s);
+}
+
+/* Queues c->notice behind the answers that wait.  0, or a negative code
+ * when it cannot (the caller closes the socket at once). */
+static int notice_flush(struct conn *c) {
+  struct wreq *wr = c->notice;
+  size_t n;
+  int err;
+  c->notice = NULL;
+  if (!(c->notice_timer = malloc(sizeof(*c->notice_timer)))) {
+    dspkd_wreq_free(wr);
+    return UV_ENOMEM;
+  }
+  uv_timer_init(c->d->loop, c->notice_timer);
+  c->notice_timer->data = c;
+  wr->c = c;
+  if ((err = wreq_bufs(wr, &n)) < 0 ||
+      (err = uv_write(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
+                      on_notice_written)) < 0) {
+    dspkd_wreq_free(wr);
+    uv_close((uv_handle_t *)c->notice_timer, on_notice_timer_closed);
+    c->notice_timer = NULL;
+    return err;
+  }
+  dspkd_conn_ref(c);
+  /* First at once, from the loop (the caller may be walking the job's
+   * connections: job.end), to leave the job; then at the bound. */
+  uv_timer_start(c->notice_timer, on_notice_timer, 0, 0);
+  (void)uv_read_start((uv_stream_t *)&c->pipe, notice_alloc, notice_read);
+  return 0;
+}
 
 /* What the client sent and the daemon will never read is discarded before
  * the close: a stream socket closed with unread bytes resets its peer
@@ -485,7 +599,11 @@ void dspkd_conn_close(struct conn *c, const char *why) {
     c->land.j = NULL;
   }
   dspkd_sched_cancel_all(d, c);
-  dspkd_shm_conn_park(c); /* its answers' descriptors the client has not read */
+  /* Its answers' descriptors the client has not read (a notice written
+   * after the answers parks them once they are written: the park shuts
+   * the socket's sending side). */
+  if (!c->notice)
+    dspkd_shm_conn_park(c);
   /* The table's references go; a buffer a job still holds stays allocated
    * until that job lets go: kept in bufs[0..held_bufs) so that status and
    * metrics count it until then (dspkd_dbuf_unref takes it out). */
@@ -501,6 +619,11 @@ void dspkd_conn_close(struct conn *c, const char *why) {
       c->held_bytes += b->size;
     }
     dspkd_dbuf_unref(d, b);
+  }
+  if (c->notice) {
+    if (notice_flush(c) == 0)
+      return;
+    dspkd_shm_conn_park(c);
   }
   uv_close((uv_handle_t *)&c->pipe, on_conn_close);
 }

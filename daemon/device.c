@@ -15,6 +15,8 @@
 
 #define MAX_PROBE 16
 
+static void log_raw_kernels(struct dspkd *d);
+
 static void add_unavailable(struct dspkd *d, const char *backend, const char *reason) {
   struct unavailable *u;
   if (d->nunavail >= DSPKD_MAX_UNAVAILABLE)
@@ -169,7 +171,45 @@ int dspkd_devices_start(struct dspkd *d) {
     dspkd_warn("%s", reason);
     add_unavailable(d, dev->be->name, reason);
   }
+  log_raw_kernels(d);
   return 0;
+}
+
+/* Appends ", id" (the first without the comma) to buf[len]. */
+static void list_add(char *buf, size_t len, const char *id) {
+  size_t at = strlen(buf);
+  if (at < len)
+    snprintf(buf + at, len - at, "%s%s", at ? ", " : "", id);
+}
+
+/* The devices that run raw kernels, said once at the start (raw_kernels
+ * takes effect only then), and a warning for each id raw_kernels lists
+ * that names no device open here: a typo (cuda:O for cuda:0) or a device
+ * gone would otherwise change which devices run them without a word. */
+static void log_raw_kernels(struct dspkd *d) {
+  const char *s = d->cfg.raw_kernels ? d->cfg.raw_kernels : "all";
+  char on[DSPKD_MAX_DEVICES * 16] = "", off[DSPKD_MAX_DEVICES * 16] = "";
+
+  for (int i = 0; i < d->ndevs; i++) {
+    const struct device *dev = &d->devs[i];
+    if (dev->open_state != 1)
+      continue;
+    if (dev->caps.dtypes[DSPK_OP_KERNEL])
+      list_add(on, sizeof on, dev->id);
+    else if (dev->kernels_off)
+      list_add(off, sizeof off, dev->id);
+  }
+  dspkd_info("raw kernels: %s%s%s%s (raw_kernels = %s)", on[0] ? "run on " : "run on no device",
+             on, off[0] ? "; turned off on " : "", off, s);
+  if (strcmp(s, "all") == 0 || strcmp(s, "none") == 0)
+    return;
+  for (const char *p = s; *p;) {
+    size_t n = strcspn(p, ",");
+    struct device *dev = dspkd_device_find(d, p, n);
+    if (!dev)
+      dspkd_warn("raw_kernels: %.*s names no device open here: it runs nothing", (int)n, p);
+    p += n + (p[n] == ',');
+  }
 }
 
 void dspkd_backends_shutdown(struct dspkd *d) {

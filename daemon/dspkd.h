@@ -43,7 +43,7 @@
 #define DSPKD_MAX_DEVICE_INFLIGHT 64
 
 /* A list of user or group ids from the configuration's access policy. */
-#define DSPKD_MAX_IDS 32
+#define DSPKD_MAX_IDS 1024
 /* The entry of a name that did not resolve: (uint32_t)-1, which is no
  * process's user or group id ((uid_t)-1 means "no change" to chown(2)). */
 #define DSPKD_ID_NOBODY UINT32_MAX
@@ -390,6 +390,11 @@ struct conn {
   bool in_process;          /* conn_process() is on the stack */
   bool held;                /* stopped processing frames with some buffered */
   bool close_after_flush;   /* close once every queued write is done */
+  /* Closed with a protocol.error while answers waited (daemon/conn.c,
+   * notice_flush): the notice written after them, and the bound on it. */
+  struct wreq *notice;
+  uv_timer_t *notice_timer;
+  bool notice_armed;        /* notice_timer's first (0 ms) round is done */
   bool eof;                 /* the client half-closed: answer, then close */
   bool deferred;            /* its user's turn is used up: frames wait for the next */
   /* Paused (daemon/conn.c, peek_cancels): the stream position up to which

@@ -389,14 +389,40 @@ static void pack_job_devices(const void *ud, struct dspk__wbuf *w) {
     dspk__pack_str(&w->pk, j->uuid[k]);
 }
 
+/* A registered job and its place in d->jobs: sorted by id, then by place
+ * (an ended job and its registration again keep their order). */
+struct jpos {
+  const struct djob *j;
+  size_t at;
+};
+
+static int jpos_cmp(const void *a, const void *b) {
+  const struct jpos *x = a, *y = b;
+  if (x->j->id != y->j->id)
+    return x->j->id < y->j->id ? -1 : 1;
+  return x->at < y->at ? -1 : x->at > y->at;
+}
+
 static void st_jobs(const void *ud, struct dspk__wbuf *w) {
   const struct status_ctx *x = ud;
   struct req *r = x->r;
   struct dspkd *d = r->c->d;
+  size_t n = 0, k = 0;
+  struct jpos *order;
   /* The Slurm jobs registered here (daemon/jobs.c): to an admin every one,
-   * to anyone else those of its uid. */
+   * to anyone else those of its uid; by increasing job id, as the metrics
+   * list them (in the list's order if out of memory). */
+  for (const struct djob *j = d->jobs; j; j = j->next)
+    n++;
+  order = n ? malloc(n * sizeof *order) : NULL;
+  for (const struct djob *j = d->jobs; order && j; j = j->next, k++)
+    order[k] = (struct jpos){j, k};
+  if (order)
+    qsort(order, n, sizeof *order, jpos_cmp);
   msgpack_pack_array(&w->pk, x->njobs);
-  for (const struct djob *j = d->jobs; j; j = j->next) {
+  k = 0;
+  for (const struct djob *j = order ? order[0].j : d->jobs; j;
+       j = order ? (++k < n ? order[k].j : NULL) : j->next) {
     uint64_t inflight = 0, buffers = 0, bytes = 0;
     struct dspk__pval v[DSPK__SJ_COUNT];
     if (!dspkd_sees_uid(r->c, x->admin, (uint32_t)j->uid))
@@ -417,6 +443,7 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__SJ_ENDED] = dspk__pv_bool(j->ended);
     dspk__map_encode(w, dspk__st_job_f, DSPK__SJ_COUNT, v);
   }
+  free(order);
 }
 
 /* A device's running_op: {name, age_ms, client?}; ud: struct running_op. */

@@ -680,10 +680,43 @@ static bool is_token(const char *s) {
   return true;
 }
 
+/* Whether the running libmicrohttpd is 0.9.75 or earlier, whose header
+ * parser folded_line() knows (read once, at the listener's start). */
+static bool mhd_old_parser;
+
+/* Whether libmicrohttpd 0.9 (up to 0.9.75) joined a folded line (obs-fold)
+ * to this field.  Its parser ends the name in place, where the ':' was,
+ * and points the value into the same line after the blanks that follow;
+ * a folded line makes it copy the name elsewhere in its memory pool (or
+ * grow it over the value) to append the folded text, even a blank one:
+ * "X-A: b" then " c" comes as the field "X-Ac" with the value "b", a name
+ * that is a token, which is_token() alone cannot tell from a real one.
+ * So the name is this field's own, unfolded, only where the value lies
+ * just after it: the name's terminator, then blanks only, then the value.
+ * Pointers of one pool, compared; the bytes read lie between them. */
+static bool folded_line(const char *key, size_t ks, const char *value) {
+  if (!mhd_old_parser || !value)
+    return false;
+  if ((uintptr_t)value <= (uintptr_t)key || (uintptr_t)value - (uintptr_t)key < ks + 1)
+    return true;
+  if (key[ks] != '\0')
+    return true;
+  for (const char *c = key + ks + 1; c < value; c++)
+    if (*c != ' ' && *c != '\t' && *c != '\0')
+      return true;
+  return false;
+}
+
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                    const char *value) {
+                                    size_t key_size, const char *value, size_t value_size) {
   struct hdr_count *hc = cls;
   (void)kind;
+  (void)value_size;
+  /* A fold onto Host that leaves a token ("Hostz") gets its own message
+   * below (host_like); any other fold is a malformed line. */
+  if (folded_line(key, key_size, value) &&
+      !(strncasecmp(key, MHD_HTTP_HEADER_HOST, 4) == 0 && key[4] && is_token(key)))
+    hc->bad_name = true;
   /* libmicrohttpd 0.9 joins a folded line (obs-fold, a line that begins
    * with a space or a tab) to the name of the field before it, not to its
    * value: "Host: x" then " Folded: y" comes as the field "HostFolded: y"
@@ -739,7 +772,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
      * Content-Length (or Host) lines are a malformed request (RFC 9112
      * 6.3, RFC 9110 7.2) that a proxy in front may read otherwise. */
     struct hdr_count hc = {0, 0, false, false, NULL};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &hc);
+    MHD_get_connection_values_n(conn, MHD_HEADER_KIND, count_header, &hc);
     if (hc.bad_name)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST,
                          "malformed header line (a line folded onto the one before it, "
@@ -918,6 +951,13 @@ fail:
   return -1;
 }
 
+/* Whether version ("0.9.75") is 0.9.75 or earlier. */
+static bool mhd_version_old(const char *version) {
+  unsigned a, b, c;
+  return version && sscanf(version, "%u.%u.%u", &a, &b, &c) == 3 &&
+         (a == 0 && (b < 9 || (b == 9 && c <= 75)));
+}
+
 int dspkd_metrics_http_start(struct dspkd *d) {
   const char *spec = d->cfg.metrics_listen;
   struct metrics_http *h;
@@ -938,6 +978,7 @@ int dspkd_metrics_http_start(struct dspkd *d) {
                 msg);
     return DSPK_EINVAL;
   }
+  mhd_old_parser = mhd_version_old(MHD_get_version());
   h = calloc(1, sizeof *h);
   if (!h)
     return DSPK_ENOMEM;

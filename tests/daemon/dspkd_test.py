@@ -4176,13 +4176,16 @@ def t_caps(exe, tmp):
         check(counters(c, v["id"]) == (0, 0, 0, 0), "nothing ran on %s: %r"
               % (v["id"], counters(c, v["id"])))
         c.close()
-        d.stop()
+        d.stop()  # the log is whole once dspkd has exited
+        check("info: raw kernels: run on no device; turned off on %s (raw_kernels = none)"
+              % v["id"] in d.logtext(), "the start names the devices:\n" + d.logtext())
         d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels",
                               "cuda:3,%s" % v["id"]])
         c = d.client()
         r = c.call("task.run", kernel("any", "glsl", KERNEL_OK))
         check(r["device"] == v["id"] and array(r["outputs"][0])[0] == 7.0,
               "raw_kernels naming %s: it runs them" % v["id"])
+
     else:
         e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
         check(e.err["message"].startswith("no device runs this task (kernel: cpu:0 runs no "
@@ -4194,6 +4197,27 @@ def t_caps(exe, tmp):
     check(counters(c, "cpu:0")[1] == 0, "cpu:0 failed nothing")
     c.close()
     d.stop()
+    if vk:
+        # The log says which devices run them, and warns of the id of no
+        # device (probe 15 E7).
+        log = d.logtext()
+        check("info: raw kernels: run on %s (raw_kernels = cuda:3,%s)" % (v["id"], v["id"])
+              in log and "warn: raw_kernels: cuda:3 names no device open here: it runs "
+              "nothing" in log and log.count("names no device") == 1, "the log:\n" + log)
+    # An id of no device here is a warning, not an error; cpu:0 runs no raw
+    # kernels whatever the list says (probe 15 E7).
+    d = Daemon(exe, tmp, ["--backends", "cpu", "--raw-kernels", "cuda:0,vulkan:7"])
+    d.stop()
+    log = d.logtext()
+    check("info: raw kernels: run on no device (raw_kernels = cuda:0,vulkan:7)" in log
+          and "warn: raw_kernels: cuda:0 names no device open here: it runs nothing" in log
+          and "warn: raw_kernels: vulkan:7 names no device open here: it runs nothing" in log,
+          "the log:\n" + log)
+    d = Daemon(exe, tmp, ["--backends", "cpu"])
+    d.stop()
+    log = d.logtext()
+    check("info: raw kernels: run on no device (raw_kernels = all)" in log
+          and "names no device" not in log, "the log:\n" + log)
 
     fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
     if not fake:

@@ -1564,6 +1564,13 @@ def t_config(exe, tmp):
     # was allowed; log_level = info ; c was taken as info) ...
     start_fail("[policy]\nallow_users = root ; nosuchuser_zz\n",
                "%(f)s:2: a comment cannot follow a value")
+    # A list of [policy] given again adds to it, up to 1024 entries (probe 15
+    # E6); any other key given twice is refused.
+    start_fail("[policy]\n" + "allow_groups = %s\n" % ",".join(str(200000 + i)
+                                                           for i in range(16)) * 64
+               + "allow_groups = 1\n", "%(f)s:66: allow_groups: more than 1024 entries")
+    start_fail("[daemon]\nlog_level = info\nlog_level = info\n",
+               '%(f)s:3: key "log_level" given twice')
     start_fail("[daemon]\nlog_level = info\t; c\n", "%(f)s:2: a comment cannot follow a value")
     # ... ":" for "=" ...
     start_fail("[daemon]\nlog_level : info\n", '%(f)s:2: expected key = value (":" does not')
@@ -1648,6 +1655,13 @@ def t_config(exe, tmp):
                        (["--raw-kernels", ""], "--raw-kernels: expected all, none, or a comma "
                         "list (no blanks) of device ids such as vulkan:0 or cuda:1; got an "
                         "empty value"),
+                       # An index reads one way: vulkan:00 would name no device
+                       # while a person reads vulkan:0 (probe 15 E7).
+                       (["--raw-kernels", "vulkan:00"], '--raw-kernels: expected all, none, or '
+                        'a comma list (no blanks) of device ids such as vulkan:0 or cuda:1 (the '
+                        'index without a leading 0); got "vulkan:00" in "vulkan:00"'),
+                       (["--raw-kernels", "vulkan:0,cuda:01"], '--raw-kernels: expected all, '
+                        'none'),
                        (["--metrics-listen", ""], "--metrics-listen: expected ADDR:PORT"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
                        (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
@@ -1689,6 +1703,9 @@ def t_config(exe, tmp):
                        # --metrics-listen: no form read two ways.
                        (["--metrics-listen", "::1:0"],
                         "--metrics-listen: an IPv6 address goes in brackets ([::1]:0)"),
+                       (["--metrics-listen", "fe80::1%eth0:0"],
+                        "--metrics-listen: an IPv6 address goes in brackets "
+                        "([fe80::1%eth0]:0)"),
                        (["--metrics-listen", "0:0"],
                         "--metrics-listen: expected ADDR:PORT"),
                        (["--metrics-listen", "127.1:0"],
@@ -1702,7 +1719,10 @@ def t_config(exe, tmp):
                                    "0X7F.0.0.1:0", "0177.0.0.1:0", "2130706433:0",
                                    "127.0.0.1 :0", " 127.0.0.1:0", "127.0.0.1\t:0",
                                    "local host:0", "[]:0", "[127.0.0.1]:0",
-                                   "[localhost]:0", "[::1%]:0")]):
+                                   "[localhost]:0", "[::1%]:0",
+                                   # no IPv6 address as it stands either: no
+                                   # hint to bracket it (probe 15 E8)
+                                   "[::1]x:0", "x[::1]:0", "::1x:0", "fe80::1%:0")]):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
@@ -1922,7 +1942,11 @@ def t_policy(exe, tmp):
     reg = root.call("job.register", {"job": 4242, "uid": nobody})
     check(root.call("job.end", {"job": 4242}) is not None, "root registers and ends a job: %r"
           % reg)
-    write(conf, "[policy]\nallow_users = nobody\nadmin_groups = 12345\n")
+    # allow_users over three lines (one line holds at most 199 bytes): each
+    # adds to the list (probe 15 E6), nobody on the last line is admitted.
+    write(conf, "[policy]\n" + "".join("allow_users = %s\n" % ",".join(
+        str(100000 + 14 * k + i) for i in range(14)) for k in range(2))
+        + "allow_users = nobody\nadmin_groups = 12345\n")
     d.proc.send_signal(signal.SIGHUP)
     d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
@@ -1958,6 +1982,16 @@ def t_policy(exe, tmp):
     got = as_user(d.sock, nobody, "ping", "daemon.reload")
     check(got == ["ok", "ok"], "the other entries apply: %r" % got)
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 after nobody's reload")
+    # ...on a list's later line too (its lines add up: probe 15 E6).
+    n = len(d.logtext())
+    write(conf, "[policy]\nallow_users = nobody\nallow_users = no-such-user-2\n"
+          "admin_groups = %d\n" % nobody)
+    check(root.call("daemon.reload") == {"reloaded": True}, "a stale name, line 2: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (a stale name on line 3)")
+    log = d.logtext()[n:]
+    check('warn: %s:3: allow_users: no such user "no-such-user-2"' % conf in log,
+          "a later line's stale name is warned of:\n" + log)
+    check(as_user(d.sock, nobody, "ping") == ["ok"], "the first line's entry applies")
     write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")

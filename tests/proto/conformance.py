@@ -36,6 +36,8 @@ import socket
 import struct
 import sys
 import tempfile
+import termios
+import time
 import traceback
 
 import msgpack
@@ -463,6 +465,79 @@ def malformed_texts(env):
         for w in absent:
             check(w not in m, "%r: message %r has %r" % (data[:20], m, w))
         c.close()
+
+
+@case("Notifications from the daemon: answers waiting are written whole, then the "
+      "protocol.error, then the end of the stream; a client that reads none is closed "
+      "within the bound")
+def notice_after_answers(env):
+    size = 24 << 20  # far beyond the socket's buffers: most of the answer waits in the daemon
+    blob = bytes(range(256)) * (size // 256)
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": blob})
+    read = c.request("buffer.read", {"buffer": b})
+    while not c.s.recv(1, socket.MSG_PEEK):  # the answer's first bytes: it is queued
+        pass
+    c.send(b"\xc1")
+    expect_protocol_error(c, "EPROTO", "0xc1")
+    check(c.order[-1] == read and c.events[-2] == ("response", read),
+          "the answer, then the notice: %r" % (c.events[-3:],))
+    check(c.responses[read][0][3] == {"data": blob}, "the buffer.read answer is not whole")
+    check(c.events[-1][0] == "protocol.error", "the notice is not last: %r" % (c.events[-3:],))
+    c.close()
+    # Answers that carry a descriptor (buffer.share) among them: each comes
+    # with its descriptor, before the notice.
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": blob})
+    shares = [c.request("buffer.share", {"size": 4096}) for _ in range(3)]
+    read = c.request("buffer.read", {"buffer": b})
+    # the share answers and the read's first MiB have arrived (a peek stops
+    # at a descriptor): the rest waits in the daemon
+    while struct.unpack("i", fcntl.ioctl(c.s, termios.FIONREAD, b"\0" * 4))[0] < 1 << 20:
+        pass
+    c.send(b"\xc1")
+    expect_protocol_error(c, "EPROTO", "0xc1")
+    got = [m for kind, m in c.events if kind == "response"]
+    check(read in got and all(m in got for m in shares) and len(c.fds) == 3 and
+          c.events[-1][0] == "protocol.error" and c.responses[read][0][3] == {"data": blob},
+          "answers %r, %d descriptors, then the notice" % (c.events[-6:], len(c.fds)))
+    c.close()
+    # A client that never reads: its connection is gone within the bound
+    # (2 s), its answer never read; the daemon serves on.
+    c = env.conn()
+    me = [x for x in c.ok("status")["clients"] if x["self"]][0]["id"]
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c.request("buffer.read", {"buffer": b})
+    while not c.s.recv(1, socket.MSG_PEEK):
+        pass
+    c.send(b"\xc1")
+    watcher = env.conn()
+    t0 = time.monotonic()
+    while any(x["id"] == me for x in watcher.ok("status")["clients"]):
+        check(time.monotonic() - t0 < 10, "a connection that reads nothing still open after 10 s")
+    watcher.close()
+    c.close()
+    # The same for a connection whose Slurm job ends: its job.end is answered
+    # without waiting for the client to read (the job leaves the connection
+    # at once), then the client reads its answer whole and the EPERM notice.
+    admin = env.conn()
+    admin.ok("job.register", {"job": 77, "uid": os.getuid()})
+    j = env.conn()
+    j.ok("hello", {"job": 77})
+    b = j.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    j.ok("buffer.write", {"buffer": b, "data": blob})
+    read = j.request("buffer.read", {"buffer": b})
+    while not j.s.recv(1, socket.MSG_PEEK):
+        pass
+    r = admin.ok("job.end", {"job": 77})
+    check(r["ended"] and r["connections"] == 1, "job.end %r" % (r,))
+    expect_protocol_error(j, "EPERM", "Slurm job 77 ended")
+    check(j.events[-2] == ("response", read) and j.responses[read][0][3] == {"data": blob},
+          "the answer whole before the notice: %r" % (j.events[-3:],))
+    j.close()
+    admin.close()
 
 
 @case("Framing: notifications from a client are ignored")
@@ -3227,6 +3302,15 @@ def jobs(env):
     expect(c.call("job.end", {}), "EINVAL", "job")
     r = c.ok("job.register", {"job": (1 << 64) - 1, "uid": 4294967294})
     c.ok("job.end", {"job": (1 << 64) - 1})
+    # status lists the jobs by increasing id, as the metrics do, whatever the
+    # order they were registered in (probe 15 A, nit)
+    order = [9, (1 << 64) - 1, 300, 2, 10]
+    for j in order:
+        c.ok("job.register", {"job": j, "uid": 5000})
+    check([j["job"] for j in c.ok("status")["jobs"]] == sorted(order),
+          "status jobs: %r" % [j["job"] for j in c.ok("status")["jobs"]])
+    for j in order:
+        c.ok("job.end", {"job": j})
 
 
 @case("daemon.reload")
