@@ -136,7 +136,14 @@ struct dspk__backend {
 
   /* Memory.  alloc returns a block of at least n bytes (n may be 0).
    * free gives a block back: it is released once every piece of work
-   * enqueued so far has finished with it (immediately on the cpu). */
+   * enqueued so far has finished with it (immediately on the cpu), so a
+   * block may be freed while enqueued work still uses it.  Each block is
+   * freed once: from free on, the caller must not pass it to any member
+   * again (an op, write, read, clear, host_ptr, a second free), as the
+   * next alloc may hand out the same memory.  (A second free would put it
+   * where the next two allocs both get it; the Vulkan backend ignores a
+   * second free of a block it has not handed out again, but no backend can
+   * tell a stale pointer from a block handed out again.) */
   int (*alloc)(struct dspk__dev *dev, size_t n, struct dspk__mem **out);
   void (*free)(struct dspk__dev *dev, struct dspk__mem *mem);
   /* Host to device: ordered before work enqueued later; src may be reused

@@ -105,6 +105,11 @@ struct dspk__mem {
    * kernel's stores past them are zeroed after it (vk_ops.c). */
   VkDeviceSize asked;
   int imported;                /* import_host: dm and buf over a client's pages */
+  /* Given back by dspk__vk_free and not handed out since: a second free
+   * (which backend.h forbids) is ignored rather than putting the block in
+   * the pool's free list twice, where the next two blocks of its size
+   * would be the same memory. */
+  int freed;
   struct dspk__mem *hnext;     /* host_register: the device's next registered mapping */
 };
 

@@ -260,6 +260,7 @@ static int pool_alloc(struct dspk__dev *d, struct dspk__pool *p, size_t n,
   struct dspk__mem *m = (struct dspk__mem *)(uintptr_t)b->handle;
   m->pb = b;
   m->asked = n;
+  m->freed = 0;
   *out = m;
   return 0;
 }
@@ -279,6 +280,12 @@ void dspk__vk_free(struct dspk__dev *d, struct dspk__mem *m) {
     destroy_imported(d, m);
     return;
   }
+  /* A second free of a block not handed out again since (vk.h, freed):
+   * ignored.  (One handed out again belongs to its new owner; nothing here
+   * can tell a stale pointer from it: backend.h's rule.) */
+  if (m->freed)
+    return;
+  m->freed = 1;
   dspk__retire_push(&d->retire, dspk__pool_put_cb, m->host ? &d->hpool : &d->pool,
                     m->pb);
 }

@@ -2126,6 +2126,89 @@ def contract_nonfinite_sums(env):
     still_open(c)
 
 
+@case("buffer.free, then buffer.create: a buffer made where freed ones were, of another "
+      "dtype and size, gives every op its own values, on every backend")
+def buffers_reused(env):
+    # (a test harness of the Vulkan backend that freed a contract's inputs
+    # twice saw the next contract, of another dtype, give 4 for 1 * 2; the
+    # daemon frees a buffer's block once, after the tasks queued before)
+    c = env.conn()
+    fmt = {"f32": "f", "f64": "d", "c64": "f", "c128": "d"}
+    size = {"f32": 4, "f64": 8, "c64": 8, "c128": 16}
+
+    def flat(dt, vals):
+        return [p for v in vals for p in ((complex(v).real, complex(v).imag) if dt[0] == "c"
+                                          else (float(v),))]
+
+    def make(dev, dt, vals):
+        b = c.ok("buffer.create", {"device": dev, "size": len(vals) * size[dt]})["buffer"]
+        fl = flat(dt, vals)
+        c.ok("buffer.write", {"buffer": b, "data": struct.pack("<%d%s" % (len(fl), fmt[dt]), *fl)})
+        return b
+
+    def values(t):
+        dt = t["dtype"]
+        n = len(t["data"]) // struct.calcsize(fmt[dt])
+        v = struct.unpack("<%d%s" % (n, fmt[dt]), t["data"])
+        return [complex(x, y) for x, y in zip(v[::2], v[1::2])] if dt[0] == "c" else list(v)
+
+    def run(dev, what, op, dt, ins, want, options=None):
+        bufs = [make(dev, dt, v) for v, _ in ins]
+        refs = [{"buffer": b, "dtype": dt, "shape": s} for b, (_, s) in zip(bufs, ins)]
+        req = {"op": op, "device": dev, "inputs": refs}
+        if options:
+            req["options"] = options
+        t = c.request("task.run", req)
+        frees = [c.request("buffer.free", {"buffer": b}) for b in bufs]  # while it is queued
+        name, r = c.wait(t)
+        check(name == "ok", "%s %s %s on reused buffers: %s %s" % (dev, what, dt, name, r))
+        for f in frees:
+            check(c.wait(f) == ("ok", {}), "%s %s: buffer.free" % (dev, what))
+        got = values(r["outputs"][0])
+
+        def same(g, w):
+            return all(x == y or (math.isnan(x) and math.isnan(y))
+                       for x, y in ((complex(g).real, complex(w).real),
+                                    (complex(g).imag, complex(w).imag)))
+        check(len(got) == len(want) and all(same(g, w) for g, w in zip(got, want)), "%s %s %s on reused buffers: %r..., want %r..."
+              % (dev, what, dt, got[:4], want[:4]))
+
+    inf = math.inf
+    for dev in gpu_and_cpu_devices(c):
+        # contract i,i->i with an infinity (remade without sums), then without
+        for dt, n in (("f32", 4096), ("c64", 2048), ("f64", 2048), ("c128", 1024),
+                      ("f32", 3000), ("c64", 3000)):
+            a = [inf] + [1] * (n - 1)
+            # (a complex inf + 0j times 2 + 0j: inf + nan j, inf * 0 among
+            # the four real products)
+            first = complex(inf, math.nan) if dt[0] == "c" else inf
+            run(dev, "contract i,i->i", "contract", dt, [(a, [n]), ([2] * n, [n])],
+                [first] + [2] * (n - 1), {"subscripts": "i,i->i"})
+            a = [i % 7 for i in range(n)]
+            run(dev, "contract i,i->i", "contract", dt, [(a, [n]), ([3] * n, [n])],
+                [3 * x for x in a], {"subscripts": "i,i->i"})
+        for dt, n in (("c128", 1024), ("f32", 4096), ("f64", 1000)):
+            a, b = [i % 5 for i in range(n)], [i % 3 for i in range(n)]
+            run(dev, "map add", "map", dt, [(a, [n]), (b, [n])], [x + y for x, y in zip(a, b)],
+                {"fn": "add"})
+        for dt, m, k in (("f64", 32, 64), ("f32", 32, 128), ("f32", 16, 64)):
+            a = [(i % 3) - 1 for i in range(m * k)]
+            b = [(i % 5) - 2 for i in range(k * m)]
+            want = [sum(a[i * k + x] * b[x * m + j] for x in range(k))
+                    for i in range(m) for j in range(m)]
+            run(dev, "gemm", "gemm", dt, [(a, [m, k]), (b, [k, m])], want)
+        for dt, n, k in (("c64", 2048, 16), ("f32", 4096, 5), ("f64", 1500, 7)):
+            x, h = [i % 4 for i in range(n)], [1 + i % 2 for i in range(k)]
+            want = [sum(h[j] * x[i - j] for j in range(k) if j <= i) for i in range(n)]
+            run(dev, "fir", "fir", dt, [(x, [n]), (h, [k])], want)
+        for dt, n in (("f32", 4096), ("c128", 1024)):
+            x = [i % 3 for i in range(n)]
+            run(dev, "reduce sum", "reduce", dt, [(x, [n])], [sum(x)], {"fn": "sum"})
+        for dt, n in (("c64", 2048), ("c128", 1024)):
+            run(dev, "fft", "fft", dt, [([1] + [0] * (n - 1), [n])], [1] * n)
+    still_open(c)
+
+
 def round_to(dt, x):
     """Exact x (a fraction) rounded to the nearest value of dt's real part
     (f32 for f32 and c64, else f64), ties to even, through the subnormals

@@ -3429,6 +3429,106 @@ static void t_fir_tune_nonfinite(void **state) {
   h_free(&Hh);
 }
 
+/* A block freed twice (the second free a caller's mistake, which
+ * backends/backend.h forbids): the second free is ignored, so the pool
+ * never holds the block twice and the next two blocks of its size are
+ * different ones.  Before, both frees put it in the pool's free list, the
+ * next two blocks were the same memory, and the tensors uploaded into
+ * them overwrote each other (probe 15: a harness that freed a contract's
+ * inputs after h_run had freed them saw i,i->i give 4 for 1 * 2). */
+static void t_free_twice(void **state) {
+  (void)state;
+  for (size_t n = 16384; n <= ((size_t)2 << 20); n *= 128) { /* a slab's slot, own memory */
+    struct dspk__mem *m, *a, *b;
+    assert_int_equal(VKB->alloc(D, n, &m), 0);
+    VKB->free(D, m);
+    VKB->free(D, m);
+    assert_int_equal(VKB->sync(D), 0);
+    assert_int_equal(VKB->alloc(D, n, &a), 0);
+    assert_int_equal(VKB->alloc(D, n, &b), 0);
+    if (a == b)
+      fail_msg("a block of %zu bytes freed twice came back twice", n);
+    uint32_t x = 1, y = 2, got = 0;
+    assert_int_equal(VKB->write(D, a, 0, &x, 4), 0);
+    assert_int_equal(VKB->write(D, b, 0, &y, 4), 0);
+    assert_int_equal(VKB->read(D, a, 0, &got, 4), 0);
+    assert_int_equal(got, 1);
+    VKB->free(D, a);
+    VKB->free(D, b);
+  }
+}
+
+/* The inputs h_run freed, freed again, as that harness did. */
+static void free_again(void) {
+  for (int i = 0; i < h_nfreed; i++)
+    VKB->free(D, h_freed[i]);
+  h_nfreed = 0;
+}
+
+static void map_add_case(dspk_dtype dt, int64_t n) {
+  char msg[512];
+  struct htensor A = h_make(dt, 1, &n, 1), B = h_make(dt, 1, &n, 1), out;
+  struct dspk__op op = {.kind = DSPK_OP_MAP, .nin = 2};
+  op.u.map.fn = DSPK_MAP_ADD;
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  int r = h_run(D, &op, &out, msg, sizeof msg);
+  if (r)
+    fail_msg("map add: %d %s", r, msg);
+  double complex *want = calloc((size_t)n, sizeof *want);
+  for (int64_t i = 0; i < n; i++)
+    want[i] = A.v[i] + B.v[i];
+  double e = h_relerr(&out, want, n);
+  if (!(e <= h_tol(dt) * 4))
+    fail_msg("map add %s of %lld: rel err %g", dspk__dtype_name(dt), (long long)n, e);
+  free(want);
+  h_free(&A);
+  h_free(&B);
+  h_free(&out);
+}
+
+/* Every op on blocks that earlier tasks' inputs had, of another dtype and
+ * of the same or another size, each task's inputs freed a second time
+ * before the next (as above): each result against its reference.  The
+ * blocks are of one bucket (16 KiB, or 8 KiB and 16 KiB), so the next
+ * task's blocks are those just freed. */
+static void t_reuse_after_free(void **state) {
+  (void)state;
+  const dspk_dtype cx = D->has_f64 ? DSPK_C128 : DSPK_C64;
+  const dspk_dtype rx = D->has_f64 ? DSPK_F64 : DSPK_F32;
+  contract_case("i,i->i", DSPK_F32, 1, (int64_t[]){4096}, 1, (int64_t[]){4096});
+  free_again();
+  contract_case("i,i->i", DSPK_C64, 1, (int64_t[]){2048}, 1, (int64_t[]){2048});
+  free_again();
+  contract_case("i,i->i", DSPK_F32, 1, (int64_t[]){4000}, 1, (int64_t[]){4000});
+  free_again();
+  map_add_case(cx, 16384 / dspk__dtype_size(cx));
+  free_again();
+  map_add_case(DSPK_F32, 4096);
+  free_again();
+  gemm_case(rx, 2, (int64_t[]){32, 4096 / 32 / (int64_t)dspk__dtype_size(rx) * 4}, 2,
+            (int64_t[]){4096 / 32 / (int64_t)dspk__dtype_size(rx) * 4, 32}, 0, 0, -1, NULL,
+            rx == DSPK_F64 ? 1e-12 : 1e-5);
+  free_again();
+  gemm_case(DSPK_F32, 2, (int64_t[]){64, 64}, 2, (int64_t[]){64, 64}, 1, 0, -1, NULL, 1e-5);
+  free_again();
+  int64_t xs[2] = {1, 2045}, hs[1] = {2048};
+  struct htensor X = h_make(DSPK_C64, 2, xs, 1), Hh = h_make(DSPK_C64, 1, hs, 1);
+  fir_values_case("on reused blocks", DSPK_C64, -1, &X, &Hh, 1e-4);
+  free_again();
+  h_free(&X);
+  h_free(&Hh);
+  int64_t rs[2] = {64, 64};
+  X = h_make(DSPK_F32, 2, rs, 1);
+  reduce_check(&X, DSPK_REDUCE_SUM, 1u, 1e-5);
+  free_again();
+  h_free(&X);
+  map_add_case(DSPK_C64, 2048);
+  free_again();
+  if (dspk__vk_fft_built)
+    fft_oop_case(DSPK_C64, 2048, 1, 0);
+}
+
 int main(int argc, char **argv) {
   /* The child the device's compile_exe names (setup, t_raw_owner). */
   if (argc == 3 && strcmp(argv[1], "--kernel-compile") == 0)
@@ -3442,6 +3542,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
       cmocka_unit_test(t_fir_fft_rows), cmocka_unit_test(t_fir_fft_blocks),
       cmocka_unit_test(t_fir_direct_cancel), cmocka_unit_test(t_contract_redo_limit),
+      cmocka_unit_test(t_free_twice), cmocka_unit_test(t_reuse_after_free),
       cmocka_unit_test(t_fir_fft_nonfinite), cmocka_unit_test(t_fir_tune_nonfinite),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),

@@ -160,9 +160,15 @@ static inline int h_upload(struct dspk__dev *d, const struct htensor *h, size_t 
   return 0;
 }
 
+/* The input blocks the last h_run freed (for tests of a second free). */
+static struct dspk__mem *h_freed[DSPK__OP_MAX_IN];
+static int h_nfreed;
+
 /* Runs op (inputs placed), allocating the outputs; reads them into out[]
- * (host tensors made here).  Frees every device block.  Returns the run's
- * result; msg gets the error text. */
+ * (host tensors made here).  Frees every device block, the inputs' too, and
+ * sets op's mem pointers to NULL: a block is freed once (backends/backend.h,
+ * free), so the caller must not free them again; uploading new inputs into
+ * op is fine.  Returns the run's result; msg gets the error text. */
 static inline int h_run(struct dspk__dev *d, struct dspk__op *op, struct htensor *out,
                         char *msg, size_t msglen) {
   int r = dspk__op_infer(op, msg, msglen);
@@ -186,15 +192,22 @@ static inline int h_run(struct dspk__dev *d, struct dspk__op *op, struct htensor
     h_unpack(&out[i], p);
     free(p);
   }
-  for (int i = 0; i < op->nout; i++)
+  for (int i = 0; i < op->nout; i++) {
     VKB->free(d, op->out[i].mem);
+    op->out[i].mem = NULL;
+  }
+  h_nfreed = 0;
   for (int i = 0; i < op->nin; i++) {
     int dup = 0;
-    for (int j = 0; j < i; j++)
-      dup |= op->in[j].mem == op->in[i].mem;
-    if (!dup)
+    for (int j = 0; j < h_nfreed; j++)
+      dup |= h_freed[j] == op->in[i].mem;
+    if (!dup && op->in[i].mem) {
       VKB->free(d, op->in[i].mem);
+      h_freed[h_nfreed++] = op->in[i].mem;
+    }
   }
+  for (int i = 0; i < op->nin; i++)
+    op->in[i].mem = NULL;
   return r;
 }
 
