@@ -314,6 +314,14 @@ void dspk__vk_barrier(struct dspk__dev *d);
 int dspk__vk_submit(struct dspk__dev *d);
 /* Waits until timeline value v is reached.  Returns 0 or an error. */
 int dspk__vk_wait_value(struct dspk__dev *d, uint64_t v);
+/* The end of one piece of a long op (small gemm, fir's direct sum):
+ * submits what is recorded, waits until the piece before it ran (so at
+ * most two are queued) and counts it in *npieces; DSPK_ECANCELED once the
+ * task is canceled (a cancel is seen within about two pieces' time on any
+ * driver).  cancel_after: a test hook's value (a cancel that comes after
+ * that many pieces), or NULL.  0 or a negative dspk_errno. */
+int dspk__vk_piece_end(struct dspk__dev *d, struct dspk__opctx *ctx, const char *cancel_after,
+                       int *npieces);
 
 /* ---- vk_mem.c ----------------------------------------------------------- */
 

@@ -340,6 +340,18 @@ int dspk__vk_cmd(struct dspk__dev *d, VkCommandBuffer *out) {
   return 0;
 }
 
+int dspk__vk_piece_end(struct dspk__dev *d, struct dspk__opctx *ctx, const char *cancel_after,
+                       int *npieces) {
+  uint64_t prev = d->submitted;
+  int r = dspk__vk_submit(d);
+  if (r || (prev && (r = dspk__vk_wait_value(d, prev))))
+    return r;
+  ++*npieces;
+  if (cancel_after && ctx && ctx->cancel && *npieces >= atoi(cancel_after))
+    atomic_store(ctx->cancel, 1);
+  return ctx && ctx->cancel && atomic_load(ctx->cancel) ? DSPK_ECANCELED : 0;
+}
+
 int dspk__vk_submit(struct dspk__dev *d) {
   if (!d->rec)
     return 0;

@@ -610,16 +610,6 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
  * is recorded once the one before has run, and a cancel is seen: about
  * 25-60 ms on lavapipe (a 2-core machine), well under 1 ms on a GPU, whose
  * pieces are larger so that it never idles between them. */
-/* Submits what is recorded as one piece of a long computation and waits
- * for the piece before it (so that at most two are queued and a cancel
- * checked after it is seen within about two pieces' time). */
-static int submit_piece(struct dspk__dev *d) {
-  uint64_t prev = d->submitted;
-  int r = dspk__vk_submit(d);
-  if (!r && prev)
-    r = dspk__vk_wait_value(d, prev);
-  return r;
-}
 
 #define SMALL_PIECE_CPU ((uint64_t)1 << 24)
 #define SMALL_PIECE_GPU ((uint64_t)1 << 28)
@@ -776,13 +766,8 @@ static int launch_small(struct dspk__dev *d, const struct gdesc *g, struct dspk_
         if (since < piece || (gi + 1 == ngroups && i0 + cnt >= total && k0 >= g->K))
           continue;
         since = 0;
-        if ((r = submit_piece(d)))
+        if ((r = dspk__vk_piece_end(d, ctx, hc, &npieces)))
           return r;
-        npieces++;
-        if (hc && ctx && ctx->cancel && npieces >= atoi(hc))
-          atomic_store(ctx->cancel, 1);
-        if (ctx && ctx->cancel && atomic_load(ctx->cancel))
-          return DSPK_ECANCELED;
       } while (k0 < g->K);
     }
   }

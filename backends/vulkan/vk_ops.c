@@ -802,16 +802,9 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
       return r;
     if (i0 + cnt >= (uint64_t)total)
       break;
-    /* The piece to the device, a cancel seen once the one before it ran
-     * (so at most two are queued). */
-    uint64_t prev = d->submitted;
-    if ((r = dspk__vk_submit(d)) || (prev && (r = dspk__vk_wait_value(d, prev))))
+    /* The piece to the device, a cancel seen once the one before it ran. */
+    if ((r = dspk__vk_piece_end(d, ctx, hc, &npieces)))
       return r;
-    npieces++;
-    if (hc && ctx && ctx->cancel && npieces >= atoi(hc))
-      atomic_store(ctx->cancel, 1);
-    if (ctx && ctx->cancel && atomic_load(ctx->cancel))
-      return DSPK_ECANCELED;
   }
   return 0;
 }
