@@ -2760,14 +2760,17 @@ def fir_rows(env):
       "wide dynamic range)")
 def fir_blocks(env):
     # One row of ones with one value of 1e20 (1e200 in f64 and c128) at index
-    # 100, 1025 taps: L is at most about 16·K samples, so every output from
-    # 100 + 16·K + 1 on is the exact sum of the taps (exact in every dtype)
-    # within eps·log2(L)·sum|H| (its blocks' largest value is 1).  A path that
+    # 100, 1024 taps: L is at most 16·K samples for a K that is a power of
+    # two (protocol.md: the GPUs' blocks are up to 16 times K rounded up to a
+    # power of two; 1025 taps, as this case had, gave cuda:0 blocks of 32768
+    # on an H100), so every output from 100 + 16·K + 1 on is the exact sum of
+    # the taps (exact in every dtype) within eps·log2(L)·sum|H| (its blocks'
+    # largest value is 1).  A path that
     # put two blocks of the row in one transform spoiled the next block too
     # (lavapipe: errors of 1e13 on outputs of order 4000, 2L after the value).
     c = env.conn()
     fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
-    n, k, at = 40000, 1025, 100
+    n, k, at = 40000, 1024, 100
     h = [float(1 + (i * 31) % 7) for i in range(k)]
     total = sum(h)
     for dev in gpu_and_cpu_devices(c):

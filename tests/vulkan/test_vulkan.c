@@ -3050,7 +3050,10 @@ static void t_fir_fft_blocks(void **state) {
     double eps = sp ? 0x1p-24 : 0x1p-53, spike = sp ? (double)(float)1e20 : 1e200;
     for (int m = sp ? 1 : 2; m <= (sp ? 3 : 2); m++)
       for (int unfused = 0; unfused < 3; unfused++) {
-        /* 1: f32 unfused, 2: blocks in chunks of 3 (DSPK_VK_FIR_CHUNK) */
+        /* 1: f32 unfused, 2: blocks in chunks of 2 (DSPK_VK_FIR_CHUNK; the
+         * 11, 5 and 3 blocks of modes 1-3 each end in a chunk of one: with
+         * chunks of 3, mode 3's 3 blocks were one chunk, which an H100 ran
+         * fused) */
         if (unfused == 1 && dt != DSPK_F32)
           continue;
         char msg[512];
@@ -3071,7 +3074,7 @@ static void t_fir_fft_blocks(void **state) {
         if (unfused == 1)
           setenv("DSPK_VK_FIR_SK", "off", 1);
         if (unfused == 2)
-          setenv("DSPK_VK_FIR_CHUNK", "3", 1);
+          setenv("DSPK_VK_FIR_CHUNK", "2", 1);
         assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
         assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
         dspk__vk_fir_force(m);
