@@ -1143,32 +1143,13 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
   if (nout == 0)
     return 0;
   char src_[4096];
-  const char *T = dspk__vk_glsl_type(dt);
   /* A permutation (nothing summed) copies each value's bits: a float
    * copy as 0 + x would lose subnormals where the device flushes them in
    * arithmetic (NVIDIA's f32), and contract's remaking keeps them
    * (protocol.md). */
   static const char *const bits[17] = {[4] = "uint", [8] = "uvec2", [16] = "uvec4"};
   size_t es = dspk__dtype_size(dt);
-  if (ns == 0 && es <= 16 && bits[es])
-    snprintf(src_, sizeof src_,
-             "#version 450\n"
-             "layout(local_size_x = %d) in;\n"
-             "layout(std430, binding = 0) readonly buffer BX { %s x[]; };\n"
-             "layout(std430, binding = 1) buffer BO { %s o[]; };\n"
-             "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
-             "  gx, first, p0, p1; uint dim[8]; uint str[8]; } pc;\n"
-             "void main() {\n"
-             "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
-             "            gl_LocalInvocationID.x;\n"
-             "  if (oi < pc.nout) {\n"
-             "    uint rem = oi, base = pc.ox;\n"
-             "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
-             "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-             "    o[pc.oo + oi] = x[base];\n"
-             "  }\n}\n",
-             DSPK__VK_WG, bits[es], bits[es], DSPK__VK_WG);
-  else
+  int copy = ns == 0 && es <= 16 && bits[es];
   snprintf(src_, sizeof src_,
            "#version 450\n"
            "layout(local_size_x = %d) in;\n"
@@ -1184,16 +1165,18 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
            "    uint rem = oi, base = pc.ox;\n"
            "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
            "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-           "    T acc = pc.first != 0u ? T(0) : o[pc.oo + oi];\n"
-           "    for (uint ri = pc.r0; ri < pc.r0 + pc.rn; ri++) {\n"
-           "      uint rr = ri, off = base;\n"
-           "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
-           "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
-           "      acc += x[off];\n"
-           "    }\n"
-           "    o[pc.oo + oi] = acc;\n"
+           "%s"
            "  }\n}\n",
-           DSPK__VK_WG, T, DSPK__VK_WG);
+           DSPK__VK_WG, copy ? bits[es] : dspk__vk_glsl_type(dt), DSPK__VK_WG,
+           copy ? "    o[pc.oo + oi] = x[base];\n"
+                : "    T acc = pc.first != 0u ? T(0) : o[pc.oo + oi];\n"
+                  "    for (uint ri = pc.r0; ri < pc.r0 + pc.rn; ri++) {\n"
+                  "      uint rr = ri, off = base;\n"
+                  "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+                  "        off += (rr % pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+                  "      acc += x[off];\n"
+                  "    }\n"
+                  "    o[pc.oo + oi] = acc;\n");
   struct dspk__vk_kernel *k;
   int r = dspk__vk_kernel(d, "gather", src_, NULL, 0, "main", 2, sizeof pc, &k, ctx);
   if (r)
