@@ -2739,6 +2739,37 @@ def fft_large_rows(env):
     still_open(c)
 
 
+@case("task.run: inverse fft of a row of subnormal values within protocol.md's error "
+      "(fft row: cpu:0 about a unit of the smallest subnormal, Vulkan devices tens)")
+def fft_subnormal_inverse(env):
+    # vulkan:0 applies the inverse's 1/N within the transform: its error in
+    # the subnormals is not divided by N as cpu:0's is (probe 16 B3); the
+    # fft row states it.  Values: integers of units of the smallest
+    # subnormal, the reference an exact-enough DFT of those integers.
+    c = env.conn()
+    n = 1001
+    w = [complex(math.cos(2 * math.pi * k / n), math.sin(2 * math.pi * k / n))
+         for k in range(n)]
+    row = [complex(((i * 7919 + 13) % 1401) - 700, ((i * i * 31 + 5) % 1401) - 700)
+           for i in range(n)]
+    want = [sum(row[j] * w[(j * k) % n] for j in range(n)) / n for k in range(n)]
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    for dt, fmt, unit in (("c64", "f", 2.0 ** -149), ("c128", "d", 2.0 ** -1074)):
+        flat = [math.ldexp(u, -149 if fmt == "f" else -1074)
+                for v in row for u in (v.real, v.imag)]
+        for dev in devs:
+            r = c.ok("task.run", {"op": "fft", "device": dev, "inputs": [
+                {"dtype": dt, "shape": [1, n], "data": struct.pack("<%d%s" % (2 * n, fmt), *flat)}],
+                "options": {"inverse": True}})
+            y = struct.unpack("<%d%s" % (2 * n, fmt), r["outputs"][0]["data"])
+            err = max(max(abs(y[2 * k] / unit - v.real), abs(y[2 * k + 1] / unit - v.imag))
+                      for k, v in enumerate(want))
+            tol = 2 if dev == "cpu:0" else 64
+            check(err <= tol, "%s inverse fft %s of n=%d subnormal values: error %.2f units of "
+                  "the smallest subnormal, more than %d" % (dev, dt, n, err, tol))
+    still_open(c)
+
+
 @case("task.run: fir keeps batch rows apart, the same on every backend (fir row)")
 def fir_rows(env):
     # The direct sum of a row involves that row alone: a row of zeros filters
