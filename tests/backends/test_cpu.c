@@ -790,6 +790,83 @@ static void test_fir_fft_range(void **state) {
   }
 }
 
+/* fir's FFT path on subnormal data (probe 16 B2): samples of about 1e-40
+ * (f32, c64) or 1e-310 (f64, c128) with taps in [-1, 1), taps that small
+ * with samples in [-1, 1), and both of about 2^-70 (2^-540) so that their
+ * products are subnormal.  The transforms' intermediates lost their low
+ * bits to gradual underflow (the inverse's 1/L alone takes log2(L) of
+ * them): errors of 200 to 5000 units of the smallest subnormal, where the
+ * direct sum's are a few.  Each output part must be within the path's
+ * stated error, eps log2(L) max|x| sum|h| (4 times), plus 4 units of the
+ * smallest subnormal, of a long-double direct sum (exact to far below one
+ * such unit). */
+static void test_fir_fft_subnormal(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (int d = 0; d < 4; d++)
+    for (int c = 0; c < 3; c++) {
+      dspk_dtype dt = dts[d];
+      int w = W(dt), sp = dt == DSPK_F32 || dt == DSPK_C64;
+      int64_t n = 30000, k = 20, m = n * w;
+      double tiny = sp ? 1e-40 : 1e-310, half = sp ? 0x1p-70 : 0x1p-540;
+      double unit = sp ? 0x1p-149 : 0x1p-1074;
+      double xs = c == 0 ? tiny : c == 1 ? 1 : half, hs = c == 0 ? 1 : c == 1 ? tiny : half;
+      double *x = malloc(sizeof(double) * (size_t)m), *h = malloc(sizeof(double) * (size_t)(k * w));
+      assert_non_null(x);
+      assert_non_null(h);
+      double xmax = 0, hsum = 0;
+      for (int64_t i = 0; i < m; i++) {
+        x[i] = roundto(dt, urand() * xs);
+        xmax = fabs(x[i]) > xmax ? fabs(x[i]) : xmax;
+      }
+      for (int64_t i = 0; i < k * w; i++) {
+        h[i] = roundto(dt, urand() * hs);
+        hsum += fabs(h[i]);
+      }
+      struct dspk__op op;
+      memset(&op, 0, sizeof op);
+      op.kind = DSPK_OP_FIR;
+      op.nin = 2;
+      shape_set(&op.in[0], dt, 2, (int64_t[]){1, n});
+      shape_set(&op.in[1], dt, 1, (int64_t[]){k});
+      put_vals(&op.in[0], x);
+      put_vals(&op.in[1], h);
+      dev->fir_force = 1;
+      int rc = run_op(&op);
+      dev->fir_force = -1;
+      assert_int_equal(rc, 0);
+      double *got = get(&op.out[0]);
+      /* L: 4096 here (8K is 160), log2 12. */
+      double tol = 4 * eps(dt) * 12 * xmax * hsum + 4 * unit;
+      for (int64_t i = 0; i < n; i++) {
+        long double re = 0, im = 0;
+        for (int64_t j = 0; j < k && j <= i; j++) {
+          const double *xv = &x[(i - j) * w], *hv = &h[j * w];
+          if (w == 1) {
+            re += (long double)hv[0] * xv[0];
+          } else {
+            re += (long double)hv[0] * xv[0] - (long double)hv[1] * xv[1];
+            im += (long double)hv[0] * xv[1] + (long double)hv[1] * xv[0];
+          }
+        }
+        for (int p = 0; p < w; p++) {
+          long double want = p ? im : re;
+          double g = got[i * w + p];
+          if (!(fabsl((long double)g - want) <= tol))
+            fail_msg("fir fft %s n=%lld k=%lld, samples %g and taps %g at most: output %lld%s "
+                     "is %.9g, want %.9Lg (%.1Lf units of the smallest subnormal off, tol %.1f)",
+                     dspk__dtype_name(dt), (long long)n, (long long)k, xs, hs, (long long)i,
+                     w == 2 ? (p ? " im" : " re") : "", g, want,
+                     fabsl((long double)g - want) / unit, tol / unit);
+        }
+      }
+      free(got);
+      free(x);
+      free(h);
+      free_op(&op);
+    }
+}
+
 /* ---- contract ----------------------------------------------------------- */
 
 static void contract_case(dspk_dtype dt, const char *subs) {
@@ -1446,6 +1523,7 @@ int main(void) {
       cmocka_unit_test(test_fir_direct),
       cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_fir_fft_nonfinite),
       cmocka_unit_test(test_fir_fft_range),
+      cmocka_unit_test(test_fir_fft_subnormal),
       cmocka_unit_test(test_contract),
       cmocka_unit_test(test_contract_complex_inf),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),

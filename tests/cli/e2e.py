@@ -2079,6 +2079,15 @@ def suite_shell(cli, tmp, dspkd):
         check(got.dtype == np.float32 and np.allclose(
             got, h1.astype(np.float64) @ h2.astype(np.float64), rtol=1e-5, atol=1e-5),
             "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
+        # Every other op refuses an f16 .npy, on every device (cli.md ARRAYS:
+        # "any other op's f16 input is EDTYPE"; it said "other ops where a GPU
+        # backend has them", probe 16 B4).
+        fh3 = os.path.join(tmp, "h3.npy")
+        np.save(fh3, rng.uniform(-1, 1, 7).astype("<f2"))
+        for dev in ("cpu:0", "any"):
+            cli.fails(["fft", fh1, "--device", dev], "fft", "EDTYPE")
+            cli.fails(["fir", fh1, fh3, "--device", dev], "fir", "EDTYPE")
+            cli.fails(["reduce", "sum", fh1, "--device", dev], "reduce", "EDTYPE")
         c2 = Cli(cli.binary, d2.sock)
         # ping -s over the message limit: the message names -s, the limit and
         # what fits, exactly (the library's advice about operands is no

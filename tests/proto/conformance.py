@@ -2326,6 +2326,40 @@ def contract_subnormal_sums(env):
     still_open(c)
 
 
+@case("task.run: gemm's running sum may overflow where the exact product is finite "
+      "(inf on Vulkan devices, whose running total adds the products in order); contract "
+      "of the same operands gives it on cpu:0 and Vulkan devices")
+def gemm_running_overflow(env):
+    # protocol.md's gemm row claimed the K*u*sum|terms| bound with no word of
+    # overflow: a running total past the range gives inf (probe 16 B1).
+    c = env.conn()
+    for dt, m in (("f32", 3e38), ("f64", 1.7e308)):
+        mr = contract_unpack(contract_pack(dt, [m], [1]))[0]  # as sent
+        for av, exact in (([m, m, -m, -m, 1], 1.0), ([m, m, -m], mr)):
+            k = len(av)
+            ta, tb = contract_pack(dt, av, [1, k]), contract_pack(dt, [1] * k, [k, 1])
+            bound = k * (2.0 ** -24 if dt == "f32" else 2.0 ** -53) * sum(abs(x) for x in av)
+            for dev in gpu_and_cpu_devices(c):
+                r = c.call("task.run", {"op": "gemm", "device": dev, "inputs": [ta, tb]})
+                check(r[0] == "ok", "%s gemm %s: %r" % (dev, dt, r))
+                g = contract_unpack(r[1]["outputs"][0])[0]
+                if dev.startswith("vulkan"):
+                    check(g == math.inf, "%s gemm %s %r times ones: %r, want inf (the "
+                          "running total in order passes the range)" % (dev, dt, av, g))
+                else:  # the BLAS's order: within the bound, or not finite
+                    check(not math.isfinite(g) or abs(g - exact) <= bound,
+                          "%s gemm %s %r times ones: %r" % (dev, dt, av, g))
+                if dev not in ("cpu:0", "vulkan:0"):
+                    continue
+                r = c.call("task.run", {"op": "contract", "device": dev, "inputs": [ta, tb],
+                                        "options": {"subscripts": "ik,kj->ij"}})
+                check(r[0] == "ok", "%s contract %s: %r" % (dev, dt, r))
+                g = contract_unpack(r[1]["outputs"][0])[0]
+                check(g == exact, "%s contract ik,kj->ij %s of %r and ones: %r, want %r"
+                      % (dev, dt, av, g, exact))
+    still_open(c)
+
+
 @case("task.run: contract made again for an infinity: an output part that is one "
       "nonzero product is that product rounded once (numpy's a*b), near ties too")
 def contract_one_product(env):
@@ -2702,6 +2736,37 @@ def fft_large_rows(env):
                                           - v) for z, v in zip(got, want))
                             check(err <= tol * big, "%s: error %g of its largest output %g"
                                   % (name, err, big))
+    still_open(c)
+
+
+@case("task.run: inverse fft of a row of subnormal values within protocol.md's error "
+      "(fft row: cpu:0 about a unit of the smallest subnormal, Vulkan devices tens)")
+def fft_subnormal_inverse(env):
+    # vulkan:0 applies the inverse's 1/N within the transform: its error in
+    # the subnormals is not divided by N as cpu:0's is (probe 16 B3); the
+    # fft row states it.  Values: integers of units of the smallest
+    # subnormal, the reference an exact-enough DFT of those integers.
+    c = env.conn()
+    n = 1001
+    w = [complex(math.cos(2 * math.pi * k / n), math.sin(2 * math.pi * k / n))
+         for k in range(n)]
+    row = [complex(((i * 7919 + 13) % 1401) - 700, ((i * i * 31 + 5) % 1401) - 700)
+           for i in range(n)]
+    want = [sum(row[j] * w[(j * k) % n] for j in range(n)) / n for k in range(n)]
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    for dt, fmt, unit in (("c64", "f", 2.0 ** -149), ("c128", "d", 2.0 ** -1074)):
+        flat = [math.ldexp(u, -149 if fmt == "f" else -1074)
+                for v in row for u in (v.real, v.imag)]
+        for dev in devs:
+            r = c.ok("task.run", {"op": "fft", "device": dev, "inputs": [
+                {"dtype": dt, "shape": [1, n], "data": struct.pack("<%d%s" % (2 * n, fmt), *flat)}],
+                "options": {"inverse": True}})
+            y = struct.unpack("<%d%s" % (2 * n, fmt), r["outputs"][0]["data"])
+            err = max(max(abs(y[2 * k] / unit - v.real), abs(y[2 * k + 1] / unit - v.imag))
+                      for k, v in enumerate(want))
+            tol = 2 if dev == "cpu:0" else 64
+            check(err <= tol, "%s inverse fft %s of n=%d subnormal values: error %.2f units of "
+                  "the smallest subnormal, more than %d" % (dev, dt, n, err, tol))
     still_open(c)
 
 
