@@ -294,16 +294,19 @@ static bool has_controller(const char *list, size_t len, const char *name) {
 
 /* The peer's pidfd (SO_PEERPIDFD on the connection's fd): 0 with *pidfd,
  * -1 when the kernel has no such option (ENOPROTOOPT: before Linux 6.5;
- * *pidfd -1, the pid alone is known), or 1 when the peer's process no
- * longer exists (the kernel can make no pidfd of it: its pid may be another
- * process's by now). */
+ * *pidfd -1, the pid alone is known), 2 when no descriptor could be made
+ * (out of descriptors or memory: nothing can be checked), or 1 when the
+ * peer's process no longer exists (the kernel can make no pidfd of it: its
+ * pid may be another process's by now). */
 static int peer_pidfd(int fd, int *pidfd) {
   socklen_t len = sizeof *pidfd;
   *pidfd = -1;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, pidfd, &len) == 0 && *pidfd >= 0)
     return 0;
   *pidfd = -1;
-  return errno == ENOPROTOOPT || errno == EOPNOTSUPP ? -1 : 1;
+  if (errno == ENOPROTOOPT || errno == EOPNOTSUPP)
+    return -1;
+  return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? 2 : 1;
 }
 
 /* Whether pidfd's process still is pid: its /proc/self/fdinfo line "Pid:"
@@ -364,9 +367,15 @@ void dspkd_job_peer_cgroup(struct conn *c, int fd) {
   c->cg_state = DSPKD_CG_NONE;
   if (c->pid <= 0)
     return;
-  if (peer_pidfd(fd, &pidfd) > 0) {
+  switch (peer_pidfd(fd, &pidfd)) {
+  case 1:
     c->cg_state = DSPKD_CG_GONE;
     return;
+  case 2: /* not believed, as a cgroup that could not be read whole */
+    c->cg_state = DSPKD_CG_TWO;
+    return;
+  default:
+    break;
   }
   dspkd_test_peer_pause(c->pid);
   snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)c->pid);
