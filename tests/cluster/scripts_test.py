@@ -12,7 +12,11 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
   a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
   naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
-  both (exit 1); a copy's messages name the tree's paths without "..";
+  both (exit 1); a copy's messages name the tree's paths without ".."; every other line
+  must be "INDEX UUID" (a decimal index without a leading zero, dspkd's UUID syntax,
+  nothing more), else the prolog fails naming it (strict_map);
+- an exit 0 counts only with its answer for the job: dspk-submit's JSON, and dspkd
+  --end-job's line as the last on its stdout (answers);
 - SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty, or a SLURM_JOB_ID that
   is no job id (abc, 0, 05, " 5", 2^64): exit 2 with the scripts' own line, before
   dspk-submit or dspkd runs;
