@@ -116,8 +116,8 @@ submit_capture() {
   esac
 }
 
-# answered WHAT: whether ans is dspk-submit's JSON answer (one line) to WHAT
-# for this job: job.register's {"job":N,"uid":U,"devices":[...]} or
+# answered WHAT [UID]: whether ans is dspk-submit's JSON answer (one line) to
+# WHAT for this job: job.register's {"job":N,"uid":UID,"devices":[...]} or
 # job.end's {"job":N,"ended":...}.  An exit 0 without it (a DSPK_SUBMIT
 # that is not dspk-submit, /bin/true) is no registration and no end.
 answered() {
@@ -127,7 +127,7 @@ answered() {
   esac
   if [ "$1" = register ]; then
     case $a in
-      "{\"job\":$job,\"uid\":$uid,\"devices\":["*"]}") return 0 ;;
+      "{\"job\":$job,\"uid\":$2,\"devices\":["*"]}") return 0 ;;
     esac
   else
     case $a in
