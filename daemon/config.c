@@ -1233,7 +1233,8 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
   struct option opts[NKEYS + 1];
   char names[NKEYS][40];
   size_t n = 0;
-  int opt;
+  int opt, alone = 0; /* 1: --help, 2: --version */
+  const char *alone_name = NULL, *other_name = NULL; /* another option given */
 
   for (size_t i = 0; i < NKEYS; i++) {
     if (!(keys[i].where & IN_ARGV))
@@ -1258,12 +1259,17 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
     if (repeated_option(opt - 256, names))
       return DSPK_EINVAL;
     flag_mask |= (uint64_t)1 << (opt - 256);
+    if (k->type != K_HELP && k->type != K_VERSION && !other_name)
+      other_name = names[opt - 256];
     switch (k->type) {
     case K_HELP:
-      usage(stdout);
-      return 1;
     case K_VERSION:
-      return 2;
+      /* Acted on once every word is read: alone, or refused below. */
+      if (alone)
+        other_name = alone_name;
+      alone = k->type == K_HELP ? 1 : 2;
+      alone_name = names[opt - 256];
+      continue;
     case K_CONFIG:
       *config = optarg;
       continue;
@@ -1283,7 +1289,18 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
     dspkd_error("unexpected argument \"%s\" (see --help)", vis(argv[optind]));
     return DSPK_EINVAL;
   }
-  return 0;
+  /* --help and --version do only that: given with anything else
+   * (--end-job, which would then exit 0 without ending the job: outside
+   * probe 16 F1), the command line is refused rather than the other
+   * options silently ignored. */
+  if (alone && other_name) {
+    dspkd_error("option '--%s' must be given alone: with '--%s' the command line is refused "
+                "(nothing else would be done)", alone_name, other_name);
+    return DSPK_EINVAL;
+  }
+  if (alone == 1)
+    usage(stdout);
+  return alone;
 }
 
 /* Whether the default file is absent: nothing has its name (ENOENT from

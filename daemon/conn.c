@@ -1682,7 +1682,7 @@ static void accept_fd(struct dspkd *d, int fd) {
     c->uid = (uid_t)-1;
     c->gid = (gid_t)-1;
   }
-  dspkd_job_peer_cgroup(c);
+  dspkd_job_peer_cgroup(c, fd);
   dspkd_debug(DSPKD_PEER_FMT ": connected", DSPKD_PEER_ARGS(c));
   if (!dspkd_admin_may_connect(c)) {
     char msg[192];

@@ -755,8 +755,9 @@ uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev);
  * cgroup was read, which then reads as the root (cgroup v1): not believed
  * either (EPERM while the uid has jobs here). */
 enum { DSPKD_CG_NONE, DSPKD_CG_JOB, DSPKD_CG_GONE, DSPKD_CG_TWO, DSPKD_CG_EXITING };
-/* Reads the peer's cgroup into c->cg_state and c->cg_job (at accept). */
-void dspkd_job_peer_cgroup(struct conn *c);
+/* Reads the peer's cgroup into c->cg_state and c->cg_job (at accept; fd
+ * the connection's socket, for the peer's pidfd). */
+void dspkd_job_peer_cgroup(struct conn *c, int fd);
 int dspkd_job_resolve(struct conn *c, char *msg, size_t len);
 /* The same decision without keeping it (status): 0 with *job (NULL: no
  * job), or DSPK_EPERM with msg set. */

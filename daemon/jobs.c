@@ -44,9 +44,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "daemon/admin.h"
 #include "daemon/dspkd.h"
+#include "daemon/lifecycle.h"
 #include "daemon/log.h"
 
 #define MAX_JOBS 4096
@@ -283,6 +286,53 @@ static bool has_controller(const char *list, size_t len, const char *name) {
   return false;
 }
 
+/* SO_PEERPIDFD (Linux 6.5, asm-generic/socket.h), where the headers lack
+ * it: a pidfd of the peer's process as recorded at connect. */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* The peer's pidfd (SO_PEERPIDFD on the connection's fd): 0 with *pidfd,
+ * -1 when the kernel has no such option (ENOPROTOOPT: before Linux 6.5;
+ * *pidfd -1, the pid alone is known), 2 when no descriptor could be made
+ * (out of descriptors or memory: nothing can be checked), or 1 when the
+ * peer's process no longer exists (the kernel can make no pidfd of it: its
+ * pid may be another process's by now). */
+static int peer_pidfd(int fd, int *pidfd) {
+  socklen_t len = sizeof *pidfd;
+  *pidfd = -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, pidfd, &len) == 0 && *pidfd >= 0)
+    return 0;
+  *pidfd = -1;
+  if (errno == ENOPROTOOPT || errno == EOPNOTSUPP)
+    return -1;
+  return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? 2 : 1;
+}
+
+/* Whether pidfd's process still is pid: its /proc/self/fdinfo line "Pid:"
+ * (-1 once the process is gone and reaped, the number then free for another
+ * process; a pid of another namespace would differ too).  A pid number
+ * stays its process's while that process exists, so a process still there
+ * after its cgroup was read is the one whose cgroup was read.  false when
+ * the line cannot be read. */
+static bool pidfd_still(int pidfd, pid_t pid) {
+  char path[64], line[128];
+  bool same = false;
+  FILE *f;
+  snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+  if (!(f = fopen(path, "re")))
+    return false;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "Pid:", 4) == 0) {
+      char *end;
+      long v = strtol(line + 4, &end, 10);
+      same = end != line + 4 && v == (long)pid;
+      break;
+    }
+  fclose(f);
+  return same;
+}
+
 /* The peer's cgroup as it connects (c->cg_state, c->cg_job), from the one
  * line of /proc/PID/cgroup of the hierarchy Slurm's proctrack/cgroup puts
  * a job's processes in: cgroup v1's freezer hierarchy, else (no freezer
@@ -299,25 +349,46 @@ static bool has_controller(const char *list, size_t len, const char *name) {
  * the pid SO_PEERCRED recorded is still the peer's: read later, at the
  * first device request, a process that connected and handed the socket on
  * (or daemonized) would be gone and its claim believed, or its pid another
- * process's. */
-void dspkd_job_peer_cgroup(struct conn *c) {
+ * process's.  Even at once the peer may have exited and its pid been taken
+ * by another process (of the uid's other job) before the accept: where the
+ * kernel gives the peer's pidfd (SO_PEERPIDFD, Linux 6.5), the process is
+ * checked through it after the read, and a peer gone by then (its pid
+ * perhaps another's) is DSPKD_CG_GONE (outside probe 16 F2); without it
+ * (ENOPROTOOPT) a reused pid is not caught (docs/security.md).  fd: the
+ * connection's socket. */
+void dspkd_job_peer_cgroup(struct conn *c, int fd) {
   char path[64], *line = NULL, *v2 = NULL, *v1 = NULL;
   size_t cap = 0;
   FILE *f;
   uint64_t id = 0;
   bool oom = false;
+  int pidfd = -1;
 
   c->cg_state = DSPKD_CG_NONE;
   if (c->pid <= 0)
     return;
+  switch (peer_pidfd(fd, &pidfd)) {
+  case 1:
+    c->cg_state = DSPKD_CG_GONE;
+    return;
+  case 2: /* not believed, as a cgroup that could not be read whole */
+    c->cg_state = DSPKD_CG_TWO;
+    return;
+  default:
+    break;
+  }
+  dspkd_test_peer_pause(c->pid);
   snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)c->pid);
   if (!(f = fopen(path, "re"))) {
     int e = errno;
-    if ((e == ENOENT || e == ESRCH) && process_gone(c->pid))
+    if ((e == ENOENT || e == ESRCH) && (process_gone(c->pid) ||
+                                        (pidfd >= 0 && !pidfd_still(pidfd, c->pid))))
       c->cg_state = DSPKD_CG_GONE;
     else
       dspkd_debug(DSPKD_PEER_FMT ": its cgroup cannot be read (%s): passed by",
                   DSPKD_PEER_ARGS(c), e == ENOENT ? "the process is hidden" : strerror(e));
+    if (pidfd >= 0)
+      close(pidfd);
     return;
   }
   /* "ID:CONTROLLERS:PATH" a line; the path may hold colons.  A line that
@@ -339,8 +410,12 @@ void dspkd_job_peer_cgroup(struct conn *c) {
     c->cg_state = DSPKD_CG_TWO;
   else if (!cgroup_believable(c->pid))
     c->cg_state = process_gone(c->pid) ? DSPKD_CG_GONE : DSPKD_CG_EXITING;
+  else if (pidfd >= 0 && !pidfd_still(pidfd, c->pid))
+    c->cg_state = DSPKD_CG_GONE; /* what was read is another process's */
   else if (v1 || v2)
     c->cg_state = path_job(v1 ? v1 : v2, &id);
+  if (pidfd >= 0)
+    close(pidfd);
   if (c->cg_state == DSPKD_CG_JOB)
     c->cg_job = id;
   free(v1);

@@ -54,8 +54,15 @@ void dspkd_test_warn_hooks(void);
  * reload signals (as a library's may), logs "test: start paused at POINT",
  * and waits (up to 30 s) until such a signal was recorded. */
 void dspkd_test_start_pause(const char *point);
+/* daemon/testhooks.c: when $DSPKD_TEST_PEER_STOP is the name
+ * (/proc/PID/comm) of the process pid that just connected, stops the
+ * daemon (SIGSTOP to itself) after the connection's peer pidfd was taken
+ * and before its cgroup is read, so that a test can make that pid another
+ * process's meanwhile (tests/cluster jobs_test.py, a reused pid). */
+void dspkd_test_peer_pause(pid_t pid);
 #else
 #define dspkd_test_start_pause(point) ((void)0)
+#define dspkd_test_peer_pause(pid) ((void)0)
 #define dspkd_test_warn_hooks() ((void)0)
 #endif
 

@@ -389,8 +389,11 @@ static void pack_job_devices(const void *ud, struct dspk__wbuf *w) {
     dspk__pack_str(&w->pk, j->uuid[k]);
 }
 
-/* A registered job and its place in d->jobs: sorted by id, then by place
- * (an ended job and its registration again keep their order). */
+/* A registered job and its place in d->jobs: sorted by id, then by the
+ * order of registration, as protocol.md says (a job registered again while
+ * its earlier registration ends comes after it): the ending ones first,
+ * and d->jobs has the newest first (job.register puts a job at its head;
+ * it listed the new registration first: outside probe 16 F4). */
 struct jpos {
   const struct djob *j;
   size_t at;
@@ -400,7 +403,9 @@ static int jpos_cmp(const void *a, const void *b) {
   const struct jpos *x = a, *y = b;
   if (x->j->id != y->j->id)
     return x->j->id < y->j->id ? -1 : 1;
-  return x->at < y->at ? -1 : x->at > y->at;
+  if (x->j->ended != y->j->ended)
+    return x->j->ended ? -1 : 1;
+  return x->at > y->at ? -1 : x->at < y->at;
 }
 
 static void st_jobs(const void *ud, struct dspk__wbuf *w) {

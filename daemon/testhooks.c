@@ -4,7 +4,8 @@
  * DSPK_TEST_HOOKS (proto/testhook.h; daemon/CMakeLists.txt leaves this file
  * out otherwise), so a production dspkd holds none of it.  DSPKD_TEST_CANCEL_WAIT
  * holds a task's runner until the task is canceled (daemon/sched.h).
- * DSPKD_TEST_START_PAUSE pauses the start at a point (daemon/lifecycle.h).
+ * DSPKD_TEST_START_PAUSE pauses the start at a point, DSPKD_TEST_PEER_STOP
+ * stops the daemon before a peer's cgroup is read (daemon/lifecycle.h).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 
 #include <signal.h>
+#include <stdio.h>
 
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
@@ -27,7 +29,7 @@ static atomic_bool runner_exit; /* DSPKD_TEST_EXIT=runner after SIGHUP */
  * (tests/lifecycle's hooks group checks the sources against this list). */
 static const char *const HOOK_NAMES[] = {
     "DSPKD_TEST_CANCEL_WAIT", "DSPKD_TEST_EXIT", "DSPKD_TEST_SHM_STAGED",
-    "DSPKD_TEST_START_PAUSE", "DSPK_TEST_SHM_FILL_MAP", "DSPK_CUDA_DRIVER",
+    "DSPKD_TEST_START_PAUSE", "DSPKD_TEST_PEER_STOP", "DSPK_TEST_SHM_FILL_MAP", "DSPK_CUDA_DRIVER",
     "DSPK_HIP_RUNTIME", "DSPK_HIP_BLAS", "DSPK_HIP_FFT", "DSPK_GPURT_FIR_WIDE",
     "DSPK_VK_CONTRACT_RANGE", "DSPK_VK_COOPMAT", "DSPK_VK_COOPMAT_BODY", "DSPK_VK_COOPMAT_TILE", "DSPK_VK_FFT_TUNE",
     "DSPK_CPU_CONTRACT_CANCEL_AFTER", "DSPK_VK_FIR_CANCEL_AFTER", "DSPK_VK_FIR_CHUNK", "DSPK_VK_FIR_FIX_GROUPS",
@@ -143,4 +145,23 @@ void dspkd_test_start_pause(const char *point) {
              dspkd_lifecycle_early_seen());
   atomic_store(&pause_done, true);
   pthread_join(t, NULL);
+}
+
+void dspkd_test_peer_pause(pid_t pid) {
+  const char *want = DSPK_TEST_HOOK("DSPKD_TEST_PEER_STOP");
+  char path[64], comm[64] = "";
+  FILE *f;
+  if (!want || !*want)
+    return;
+  snprintf(path, sizeof path, "/proc/%ld/comm", (long)pid);
+  if (!(f = fopen(path, "re")))
+    return;
+  if (!fgets(comm, sizeof comm, f))
+    comm[0] = '\0';
+  fclose(f);
+  comm[strcspn(comm, "\n")] = '\0';
+  if (strcmp(comm, want) == 0) {
+    dspkd_info("test: stopped before the cgroup of pid %ld (%s) is read", (long)pid, comm);
+    raise(SIGSTOP);
+  }
 }

@@ -93,4 +93,47 @@ run_submit() {
       "$why" >&2
   return "$rc"
 }
+
+# submit_capture WHY ARGS...: run_submit WHY ARGS... with LC_ALL=C (the
+# system's reasons in English), its standard output in ans, its standard
+# error (the timeout's line included) in err and its status in rc, so that
+# the script can check the answer before it takes an exit 0 for one.
+submit_capture() {
+  nl='
+'
+  all=$(exec 4>&1
+    e=$(LC_ALL=C
+      export LC_ALL
+      run_submit "$@" 2>&1 >&4 4>&-)
+    r=$?
+    printf '\n@@dspk-submit exit %s\n%s' "$r" "$e")
+  ans=${all%%"$nl@@dspk-submit exit "*}
+  rest=${all#*"$nl@@dspk-submit exit "}
+  rc=${rest%%"$nl"*}
+  case $rest in
+    *"$nl"*) err=${rest#*"$nl"} ;;
+    *) err= ;;
+  esac
+}
+
+# answered WHAT [UID]: whether ans is dspk-submit's JSON answer (one line) to
+# WHAT for this job: job.register's {"job":N,"uid":UID,"devices":[...]} or
+# job.end's {"job":N,"ended":...}.  An exit 0 without it (a DSPK_SUBMIT
+# that is not dspk-submit, /bin/true) is no registration and no end.
+answered() {
+  a=${ans%"$nl"}
+  case $a in
+    *"$nl"*) return 1 ;;
+  esac
+  if [ "$1" = register ]; then
+    case $a in
+      "{\"job\":$job,\"uid\":$2,\"devices\":["*"]}") return 0 ;;
+    esac
+  else
+    case $a in
+      "{\"job\":$job,\"ended\":true,"*"}" | "{\"job\":$job,\"ended\":false}") return 0 ;;
+    esac
+  fi
+  return 1
+}
 # -- End of the shared part.

@@ -134,6 +134,35 @@ def run(a, tmp):
         pass
     finally:
         s.close()
+    # dspkd refuses --end-job with an option that makes it do something else (--version,
+    # --help: they exited 0 without looking at the state file, and the epilog took that
+    # for the end: outside probe 16 F1), in either order, exit 2 with one line; the
+    # epilog says it does not know whether the job is registered (exit 1), and so does
+    # it for a DSPK_DSPKD that exits 0 without --end-job's line (/bin/true).  The job
+    # stays in the file either way.
+    jobs_path = os.path.join(tmp, "stale.jobs")
+    registered = open(jobs_path).read()
+    check("job 77 0" in registered, "job 77 registered in the state file: %r" % registered)
+    for opt in ("--version", "-V", "--help", "-h", "--vers", "--he"):
+        for argv in (["--end-job", "77", opt], [opt, "--end-job", "77"]):
+            p = subprocess.run([DSPKD, "--config", "", "--socket", stale] + argv,
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+                  "must be given alone: with '--" in p.stderr,
+                  "dspkd %s: %r" % (" ".join(argv), p))
+        p = script(epilog, a.submit, stale, DSPK_DSPKD_OPTIONS="--config= " + opt)
+        check(p.returncode == 1 and p.stdout == "" and refused in p.stderr and
+              "must be given alone" in p.stderr, "DSPK_DSPKD_OPTIONS %s: %r" % (opt, p))
+    for argv in (["--version", "--help"], ["-hV"], ["--version", "--config", ""],
+                 ["--foreground", "-h"]):
+        p = subprocess.run([DSPKD] + argv, capture_output=True, text=True, timeout=TIMEOUT)
+        check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+              "must be given alone" in p.stderr, "dspkd %s: %r" % (" ".join(argv), p))
+    p = script(epilog, a.submit, stale, DSPK_DSPKD="/bin/true")
+    check(p.returncode == 1 and p.stdout == "" and
+          "/bin/true --end-job exited 0 without the line that says what it did with job 77"
+          in p.stderr, "DSPK_DSPKD=/bin/true: %r" % (p,))
+    check(open(jobs_path).read() == registered, "job 77 still registered in the state file")
     p = script(epilog, a.submit, stale)
     check(p.returncode == 0 and p.stdout == "", "stale socket: the epilog exits 0: %r" % (p,))
     lines = p.stderr.splitlines()

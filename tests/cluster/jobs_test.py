@@ -39,11 +39,12 @@ NOBODY = 65534
 
 
 class Daemon:
-    def __init__(self, exe, tmp, extra=()):
+    def __init__(self, exe, tmp, extra=(), env=None):
         self.sock = os.path.join(tmp, "dspkd.sock")
         self.log = open(os.path.join(tmp, "dspkd.log"), "w+", errors="replace")
         args = dspk_daemon.cmdline(exe, self.sock, extra, backends="cpu,vulkan")
-        self.proc = dspk_daemon.start(args, TIMEOUT, stderr=self.log)
+        self.proc = dspk_daemon.start(args, TIMEOUT, stderr=self.log,
+                                      env=dict(os.environ, **env) if env else None)
         if not self.proc:
             raise AssertionError("dspkd did not become ready:\n" + self.logtext())
 
@@ -167,6 +168,75 @@ def exiting_peer(d, job, leader):
     return raw_client(s, job), release
 
 
+REUSE_COMM = "dspk-reuse"  # the peers the daemon of run() stops for (DSPKD_TEST_PEER_STOP)
+
+
+def take_pid(target):
+    """A child of this process whose pid is target, a pid just freed: ns_last_pid set
+    to target - 1 before each fork (root), until a fork gets it (another process of the
+    host may take it first: tried again, at most 1000 times).  The child waits; returns
+    (its pid, a function that lets it exit and reaps it)."""
+    r, w = os.pipe()
+    for _ in range(1000):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(target - 1))
+        q = os.fork()
+        if q == 0:
+            if os.getpid() == target:
+                os.close(w)
+                os.read(r, 1)
+            os._exit(0)
+        if q == target:
+            break
+        os.waitpid(q, 0)
+    os.close(r)
+    check(q == target, "pid %d taken again by a child" % target)
+
+    def release():
+        os.close(w)
+        os.waitpid(q, 0)
+    return q, release
+
+
+def reused_peer(d, job, before_accept):
+    """A connection whose peer (the SO_PEERCRED pid) exited, was reaped, and whose pid
+    was taken by another live process (take_pid) before the daemon read its cgroup: a
+    child connects a socket this process holds, then exits.  before_accept: the daemon
+    is stopped (SIGSTOP) from before the connect until the pid is taken, so that it
+    accepts then; else the daemon accepts while the child lives and stops itself
+    (DSPKD_TEST_PEER_STOP, the child named REUSE_COMM) after taking the peer's pidfd and
+    before the read, which is when the child exits and its pid is taken (waitpid
+    WUNTRACED: the daemon is this process's child).  Returns (the Client after its
+    hello claiming job, a function that lets the pid's new process go)."""
+    import ctypes
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    if before_accept:
+        os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(w)
+                if not before_accept:
+                    ctypes.CDLL(None).prctl(15, REUSE_COMM.encode(), 0, 0, 0)  # PR_SET_NAME
+                s.connect(d.sock)
+                if not before_accept:
+                    os.read(r, 1)  # until the daemon stopped with this pid's pidfd
+            finally:
+                os._exit(0)
+        os.close(r)
+        if not before_accept:
+            _, st = os.waitpid(d.proc.pid, os.WUNTRACED)
+            check(os.WIFSTOPPED(st), "the daemon stopped before reading the peer's cgroup")
+        os.close(w)
+        os.waitpid(pid, 0)  # exited and reaped: its pid is free
+        _, release = take_pid(pid)
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    return raw_client(s, job), release
+
+
 def opened_until_refused(d, most=64):
     """Connections (kept open) until the daemon refuses one: their count and
     the refusal's notice."""
@@ -238,7 +308,7 @@ def cli(d, submit, gpu, cpu):
 
 def run(exe, submit, epilog, tmp, case=None):
     import numpy as np
-    d = Daemon(exe, tmp, ["--max-job-memory", "1M"])
+    d = Daemon(exe, tmp, ["--max-job-memory", "1M"], env={"DSPKD_TEST_PEER_STOP": REUSE_COMM})
     try:
         admin = d.client()
         devs = admin.call("devices", {})["devices"]
@@ -360,6 +430,20 @@ def run(exe, submit, epilog, tmp, case=None):
                       % ("main thread gone" if leader else "zombie", e))
                 e = err_of(ch, "buffer.create", {"device": gpu["id"], "size": 64})
                 check(e[0] == "EPERM", "a buffer from an exiting peer: %r" % (e,))
+            finally:
+                ch.close()
+                release()
+        # Nor when its pid had been taken by another live process (of the uid's other
+        # job) when the daemon read its cgroup, before the accept or after it: that
+        # process's cgroup was read and believed, with the claim (outside probe 16 F2).
+        # Caught through the peer's pidfd (SO_PEERPIDFD, Linux 6.5).
+        for before in (True, False):
+            ch, release = reused_peer(d, 101, before)
+            try:
+                e = err_of(ch, "devices", {})
+                check(e[0] == "EPERM" and "had exited before its cgroup could be read" in e[1],
+                      "a claim from a peer whose pid was reused (%s the accept): %r"
+                      % ("before" if before else "after", e))
             finally:
                 ch.close()
                 release()
@@ -653,9 +737,11 @@ def ending_again(d):
     # f32 is two 26 MB operands, within max_message).
     cj, ender, first = ending_job(d, admin, 93, 2560)
     admin.call("job.register", {"job": 93, "uid": os.getuid(), "devices": []})
-    regs = sorted((j["ended"], j["connections"]) for j in admin.call("status", {})["jobs"]
-                  if j["job"] == 93)
-    check(regs == [(False, 0), (True, 1)], "job 93 ending and registered again: %r" % regs)
+    # In the order of registration, as protocol.md says: the ending one, then the new
+    # one (the new one was listed first: outside probe 16 F4).
+    regs = [(j["ended"], j["connections"]) for j in admin.call("status", {})["jobs"]
+            if j["job"] == 93]
+    check(regs == [(True, 1), (False, 0)], "job 93 ending and registered again: %r" % regs)
     samples = [x.rsplit(" ", 1) for x in metrics(admin).splitlines()
                if x and not x.startswith("#")]
     names = [n for n, _ in samples]

@@ -12,7 +12,11 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
   a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
   naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
-  both (exit 1); a copy's messages name the tree's paths without "..";
+  both (exit 1); a copy's messages name the tree's paths without ".."; every other line
+  must be "INDEX UUID" (a decimal index without a leading zero, dspkd's UUID syntax,
+  nothing more), else the prolog fails naming it (strict_map);
+- an exit 0 counts only with its answer for the job: dspk-submit's JSON, and dspkd
+  --end-job's line as the last on its stdout (answers);
 - SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty, or a SLURM_JOB_ID that
   is no job id (abc, 0, 05, " 5", 2^64): exit 2 with the scripts' own line, before
   dspk-submit or dspkd runs;
@@ -37,7 +41,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dspk_rpc import check  # noqa: E402
 
 TIMEOUT = 60
-FAKE = "#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\n"
+ARGS_DIR = None  # main() sets it: where the stand-in dspk-submit writes its arguments
+# The stand-in dspk-submit: its arguments, a line each, in $FAKE_ARGS (run() reads them
+# into p.args), and on stdout the answer dspk-submit --json prints for them, which the
+# scripts require: job.register's or job.end's for the job (and uid) of the arguments.
+# FAKE_ANSWER, when set, is printed instead.
+FAKE = r"""#!/bin/sh
+for a; do printf '%s\n' "$a"; done > "$FAKE_ARGS"
+if [ -n "${FAKE_ANSWER+set}" ]; then printf '%s' "$FAKE_ANSWER"; exit 0; fi
+job= uid= sub= prev=
+for a; do
+  case $prev in --job) job=$a ;; --uid) uid=$a ;; esac
+  case $a in register | end) sub=$a ;; esac
+  prev=$a
+done
+if [ "$sub" = register ]; then
+  printf '{"job":%s,"uid":%s,"devices":["cpu:0"]}\n' "$job" "$uid"
+else
+  printf '{"job":%s,"ended":false}\n' "$job"
+fi
+"""
 # The stand-in dspkd: its socket variable and arguments, a line each, in PATH.args.
 FAKE_DSPKD = ("#!/bin/sh\nprintf '%s\\n' \"$DSPK_SOCKET\" \"$@\" > \"$0.args\"\n"
               "echo warned >&2\necho 'Slurm job 7 (uid 1000): ended in /x.jobs'\n")
@@ -51,7 +74,18 @@ def run(path, **env):
          "SLURM_JOB_GPUS": "", "DSPK_GPU_MAP": "/nonexistent"}
     e.update(env)
     e = {k: v for k, v in e.items() if v is not None}
-    return subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
+    e["FAKE_ARGS"] = os.path.join(ARGS_DIR, "submit.args")
+    try:
+        os.unlink(e["FAKE_ARGS"])
+    except FileNotFoundError:
+        pass
+    p = subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
+    try:
+        with open(e["FAKE_ARGS"]) as f:
+            p.args = f.read().splitlines()
+    except FileNotFoundError:
+        p.args = None  # the stand-in dspk-submit did not run
+    return p
 
 
 def tree(a, tmp):
@@ -86,12 +120,14 @@ def links(a, sdir, tmp, sock, fake):
     want = ["--socket", sock, "job", "register", "--job", "7", "--uid", "1000", "--devices", "",
             "--json"]
     p = run(etc + "/prolog.d/50-dspk", DSPK_SOCKET=sock)
-    check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
+    check(p.returncode == 0 and p.args == want and p.stderr == "" and
+          p.stdout == '{"job":7,"uid":1000,"devices":["cpu:0"]}\n',
           "the prolog through a link runs its tree's dspk-submit: %r" % (p,))
     want = ["--socket", sock, "job", "end", "--job", "7", "--json"]
     for path in (deep + "/50-dspk", etc + "/epilog.d/50-dspk"):
         p = run(path, DSPK_SOCKET=sock)
-        check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
+        check(p.returncode == 0 and p.args == want and p.stderr == "" and
+              p.stdout == '{"job":7,"ended":false}\n',
               "the epilog through %s: %r" % (os.path.relpath(path, tmp), p))
     # No daemon (no socket file): the epilog through a link runs its tree's dspkd, with
     # DSPK_DSPKD_OPTIONS' words, then --socket SOCKET, before --end-job; DSPK_DSPKD names
@@ -159,7 +195,7 @@ def gpu_map(sdir, tmp, sock):
                 "63 # not yet\n" % (UUID[0], UUID[1], UUID[2].upper(), UUID[3]))
     p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
             SLURM_JOB_GPUS="0,1,2,3")
-    out = p.stdout.splitlines()
+    out = p.args or []
     devices = out[out.index("--devices") + 1] if "--devices" in out else None
     check(p.returncode == 0 and devices == ",".join([UUID[0], UUID[1], "GPU-" + UUID[2].upper(),
                                                      UUID[3]]),
@@ -211,7 +247,7 @@ def gpu_map(sdir, tmp, sock):
                       ("0 %s\n0 %s\n" % (UUID[0], UUID[1]),
                        ":1 and %s:2: GPU index 0 has two UUIDs (%s and %s): keep the right line"
                        % (path, UUID[0], UUID[1])),
-                      ("0 %s\n 00 GPU-%s\n" % (UUID[0], UUID[0].upper()), None)):
+                      ("0 %s\n 0 GPU-%s\n" % (UUID[0], UUID[0].upper()), None)):
         with open(path, "w") as f:
             f.write(text)
         p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
@@ -220,9 +256,110 @@ def gpu_map(sdir, tmp, sock):
             check(p.returncode == 1 and p.stdout == "" and
                   p.stderr == "dspk prolog: job 7: %s%s\n" % (path, err), "%r: %r" % (text, p))
         else:
-            out = p.stdout.splitlines()
+            out = p.args
             check(p.returncode == 0 and out[out.index("--devices") + 1] == UUID[0],
                   "%r: %r" % (text, p))
+
+
+def strict_map(sdir, tmp, sock):
+    """Every line of the map is "INDEX UUID" or fails the prolog naming it: an index is
+    decimal digits without a leading zero (0x1, 1e0, 0.0, -0, +0 and 00 were read as
+    numbers: 0x1 and 1e0 as index 1), a UUID hex digits and dashes after an optional
+    GPU- (dspkd's rule), nothing after it but a comment (a second UUID was dropped: the
+    first won) (outside probe 16 F3).  Any index the job has: a bad line fails it."""
+    path = os.path.join(tmp, "strict-gpus")
+    good = "1 %s\n" % UUID[1]
+    for line, gpus, err in (
+            ("0x1 %s" % UUID[0], "1", '"0x1" is no GPU index'),
+            ("1e0 %s" % UUID[0], "1", '"1e0" is no GPU index'),
+            ("0.0 %s" % UUID[0], "0", '"0.0" is no GPU index'),
+            ("-0 %s" % UUID[0], "0", '"-0" is no GPU index'),
+            ("+0 %s" % UUID[0], "0", '"+0" is no GPU index'),
+            ("00 %s" % UUID[0], "0", '"00" is no GPU index'),
+            ("01 %s" % UUID[0], "1", '"01" is no GPU index'),
+            ("0 %s %s" % (UUID[0], UUID[2]), "0", "GPU index 0 has more than one UUID or word"),
+            ("0 %s card-A" % UUID[0], "1", "GPU index 0 has more than one UUID or word"),
+            ("0 zz%s" % UUID[0], "0", 'GPU index 0: "zz%s" is no GPU UUID' % UUID[0]),
+            ("0 GPU-", "0", 'GPU index 0: "GPU-" is no GPU UUID'),
+            ("0 ---", "0", 'GPU index 0: "---" is no GPU UUID'),
+            ("0 " + "a" * 40, "0", 'GPU index 0: "%s" is no GPU UUID' % ("a" * 40))):
+        with open(path, "w") as f:
+            f.write(good + line + "  # a comment\n")
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+                SLURM_JOB_GPUS=gpus)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr.startswith("dspk prolog: job 7: %s:2: %s" % (path, err)) and
+              len(p.stderr.splitlines()) == 1, "map line %r: %r" % (line, p))
+    # The largest forms still pass: 39 hex digits, GPU- in any case, dashes anywhere.
+    with open(path, "w") as f:
+        f.write("0 %s\n10 gpu-%s\n" % ("a" * 39, UUID[1]))
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS="0,10")
+    out = p.args or []
+    check(p.returncode == 0 and out[out.index("--devices") + 1] == "a" * 39 + ",gpu-" + UUID[1],
+          "good map lines: %r" % (p,))
+
+
+def answers(sdir, tmp, sock, fake):
+    """An exit 0 is taken only with the answer for the job (outside probe 16 F1):
+    dspk-submit's JSON (job.register's for the prolog, job.end's for the epilog), and,
+    without a daemon, dspkd --end-job's line about the job as the last on its stdout.
+    Without it (a DSPK_SUBMIT or DSPK_DSPKD that is not the real one, /bin/true, or
+    dspkd --version's line) the script exits 1 saying so."""
+    for ans in ("", "ok\n", '{"job":8,"uid":1000,"devices":[]}\n', '{"job":7,"ended":false}\n'
+                '{"job":7,"ended":false}\n', '{"job":70,"ended":false}\n',
+                '{"job":7,"uid":1000,"devices":["cpu:0"]}\nmore\n'):
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, FAKE_ANSWER=ans)
+        check(p.returncode == 1 and p.stdout == ans and p.stderr.endswith(
+              "exited 0 without job.register's answer for job 7 on standard output (is "
+              "DSPK_SUBMIT dspk-submit?): the job is not registered\n"),
+              "prolog, dspk-submit answering %r: %r" % (ans, p))
+        p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=sock, FAKE_ANSWER=ans)
+        check(p.returncode == 1 and p.stdout == ans and p.stderr.endswith(
+              "exited 0 without job.end's answer for job 7 on standard output (is DSPK_SUBMIT "
+              "dspk-submit?): the job may still be registered and its work in the daemon\n"),
+              "epilog, dspk-submit answering %r: %r" % (ans, p))
+    for ans in ('{"job":7,"ended":true,"connections":0,"inflight":0,"buffers":0}\n',
+                '{"job":7,"ended":false}\n'):
+        p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=sock, FAKE_ANSWER=ans)
+        check(p.returncode == 0 and p.stdout == ans and p.stderr == "",
+              "epilog, dspk-submit answering %r: %r" % (ans, p))
+    # Without a daemon: stand-in dspkds that exit 0 (or 4) with another last line.
+    none = os.path.join(tmp, "none.sock")
+    bad = os.path.join(tmp, "bad-dspkd")
+    for rc, out in ((0, ""), (0, "dspkd 0.1.0 (protocol 1)"),
+                    (0, "Slurm job 7 (uid 1000): ended in /x.jobs\ndspkd 0.1.0 (protocol 1)"),
+                    (0, "Slurm job 8 (uid 1000): ended in /x.jobs"),
+                    (0, "Slurm job 70: had ended already in /x.jobs"),
+                    (0, "Slurm job 7 (uid 1000): ended in x.jobs"),
+                    (0, "Slurm job 7: no state file /x.jobs: nothing is registered there"),
+                    (4, "Slurm job 7 (uid 1000): ended in /x.jobs"),
+                    (4, "Usage: dspkd [OPTION]...")):
+        with open(bad, "w") as f:
+            f.write("#!/bin/sh\n%sexit %d\n" % ("printf '%%s\\n' '%s'\n" % out if out else "",
+                                                rc))
+        os.chmod(bad, 0o755)
+        p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=none, DSPK_DSPKD=bad)
+        check(p.returncode == 1 and p.stdout == "" and
+              ("%s --end-job exited %d without the line that says what it did with job 7"
+               % (bad, rc)) in p.stderr and "it did not end the job" in p.stderr and
+              p.stderr.startswith(out + "\n" if out else "dspk epilog"),
+              "a dspkd exiting %d with %r: %r" % (rc, out, p))
+    p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=none, DSPK_DSPKD="/bin/true")
+    check(p.returncode == 1 and "/bin/true --end-job exited 0 without the line" in p.stderr,
+          "DSPK_DSPKD=/bin/true: %r" % (p,))
+    # Each line --end-job has for exit 0 and 4 is taken.
+    for rc, out in ((0, "Slurm job 7 (uid 1000): ended in /x.jobs"),
+                    (0, "Slurm job 7: not registered in /x.jobs; recorded there as ended"),
+                    (0, "Slurm job 7: had ended already in /x.jobs"),
+                    (4, "Slurm job 7: no state file /x.jobs (no directory /x): nothing is "
+                        "registered there")):
+        with open(bad, "w") as f:
+            f.write("#!/bin/sh\nprintf '%%s\\n' '%s'\nexit %d\n" % (out, rc))
+        p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=none, DSPK_DSPKD=bad)
+        check(p.returncode == 0 and p.stdout == "" and p.stderr.startswith(
+              "dspk epilog: job 7: no dspkd listens on %s (no socket file); dspkd --end-job: %s"
+              % (none, out)), "a dspkd exiting %d with %r: %r" % (rc, out, p))
 
 
 def variables(sdir, sock):
@@ -246,7 +383,7 @@ def variables(sdir, sock):
                       "(decimal digits from 1 to 18446744073709551615, without a leading "
                       "zero)\n" % (s, val), "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
         p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, SLURM_JOB_ID="18446744073709551615")
-        check(p.returncode == 0 and "18446744073709551615" in p.stdout.splitlines(),
+        check(p.returncode == 0 and "18446744073709551615" in p.args,
               "%s, the largest job id: %r" % (s, p))
     for val, said in ((None, "not set"), ("", "empty")):
         p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, SLURM_JOB_UID=val)
@@ -268,7 +405,7 @@ def timeouts(sdir, sock):
                   "%s=%r is refused: %r" % (var, bad, p))
         for good in ("", "1", "007", "999999999"):
             p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, **{var: good})
-            check(p.returncode == 0 and p.stderr == "" and "--json" in p.stdout,
+            check(p.returncode == 0 and p.stderr == "" and "--json" in p.args,
                   "%s=%r is taken: %r" % (var, good, p))
 
 
@@ -278,6 +415,8 @@ def main():
         ap.add_argument(opt, required=True)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="dspk-scripts-", dir="/tmp")
+    global ARGS_DIR
+    ARGS_DIR = tmp
     srv = None
     try:
         sdir = tree(a, tmp)
@@ -287,6 +426,8 @@ def main():
         srv.bind(sock)
         links(a, sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         gpu_map(sdir, tmp, sock)
+        strict_map(sdir, tmp, sock)
+        answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
         print("ok scripts")
