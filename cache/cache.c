@@ -254,7 +254,12 @@ out:
   return rc;
 }
 
-/* Returns the default cache path (malloc'd) or NULL when no home is known. */
+/* Returns the default cache path (malloc'd) or NULL when no home is known.
+ * A relative or empty $XDG_CACHE_HOME or $HOME is taken as unset (the XDG
+ * Base Directory specification: a relative path is invalid): the path
+ * would depend on the working directory, which a detached daemon changes
+ * to / (outside probe 16 E2: HOME=rel made /rel/.cache/dspk/cache.db).
+ * The fallback for $HOME is the passwd entry's home, when absolute. */
 static char *default_path(void) {
   const char *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
@@ -264,11 +269,11 @@ static char *default_path(void) {
       return NULL;
     return out;
   }
-  if (!home || !home[0]) {
+  if (!home || home[0] != '/') {
     struct passwd *pw = getpwuid(getuid());
     home = pw ? pw->pw_dir : NULL;
   }
-  if (!home || !home[0])
+  if (!home || home[0] != '/')
     return NULL;
   if (asprintf(&out, "%s/.cache/dspk/cache.db", home) < 0)
     return NULL;

@@ -18,6 +18,7 @@
 #include <glob.h>
 #include <time.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1411,6 +1412,28 @@ static void test_default_path(void **state) {
   assert_string_equal(dspk__cache_path(c), want);
   dspk__cache_close(c);
   assert_int_equal(access(want, F_OK), 0);
+  /* A relative or empty $XDG_CACHE_HOME or $HOME counts as unset (outside
+   * probe 16 E2: HOME=rel gave rel/.cache/dspk/cache.db, under / once the
+   * daemon had detached): the passwd entry's home instead. */
+  char *oldhome = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+  struct passwd *pw = getpwuid(getuid());
+  assert_non_null(pw);
+  snprintf(want, sizeof want, "%s/.cache/dspk/cache.db", pw->pw_dir);
+  static const char *const bad[][2] = {{"rel", "relhome"}, {"", ""}, {"rel/x", "."}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("XDG_CACHE_HOME", bad[i][0], 1);
+    setenv("HOME", bad[i][1], 1);
+    char *p = dspk__cache_default_path();
+    assert_non_null(p);
+    assert_string_equal(p, want);
+    free(p);
+  }
+  if (oldhome) {
+    setenv("HOME", oldhome, 1);
+    free(oldhome);
+  } else {
+    unsetenv("HOME");
+  }
   if (old) {
     setenv("XDG_CACHE_HOME", old, 1);
     free(old);

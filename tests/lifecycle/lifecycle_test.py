@@ -1528,6 +1528,14 @@ def t_config(exe, tmp):
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
     start_fail("[limits]\nmax_conn_memory = 0\n", "%(f)s:2: max_conn_memory: expected a size")
+    # One number rule for every number (outside probe 16 E3): a leading 0
+    # reads two ways, in a count, a size, a duration and a share alike.
+    start_fail("[limits]\nmax_depth = 016\n", '%(f)s:2: max_depth: expected an integer from 4 to '
+               '1024, got "016" (a leading 0 reads two ways: none is allowed)')
+    start_fail("[limits]\nmax_unsent = 064M\n", '%(f)s:2: max_unsent: expected a size')
+    start_fail("[limits]\nmax_user_memory = 050%\n", '%(f)s:2: max_user_memory: expected a size')
+    start_fail("[daemon]\nshutdown_timeout = 05s\n", '%(f)s:2: shutdown_timeout: expected an '
+               'integer')
     start_fail("[daemon]\nforeground = maybe\n",
                "%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, got \"maybe\"")
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
@@ -1992,6 +2000,19 @@ def t_policy(exe, tmp):
     check('warn: %s:3: allow_users: no such user "no-such-user-2"' % conf in log,
           "a later line's stale name is warned of:\n" + log)
     check(as_user(d.sock, nobody, "ping") == ["ok"], "the first line's entry applies")
+    # A number is plain decimal, as every number of dspk.conf(5): a sign or a
+    # leading 0 makes the word a name, which no user has (outside probe 16
+    # E3: "+65534" and "065534" admitted uid 65534 without a word).
+    for word in ("+%d" % nobody, "0%d" % nobody):
+        n = len(d.logtext())
+        write(conf, "[policy]\nallow_users = %s\nadmin_groups = %d\n" % (word, nobody))
+        check(root.call("daemon.reload") == {"reloaded": True}, "%s: reloaded" % word)
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (%s)" % word)
+        log = d.logtext()[n:]
+        check('warn: %s:2: allow_users: no such user "%s"' % (conf, word) in log,
+              "%s is a name, warned of:\n%s" % (word, log))
+        got = as_user(d.sock, nobody, "ping")
+        check(got == ["notify:protocol.error:EPERM"], "%s admits no one: %r" % (word, got))
     write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")
