@@ -38,6 +38,7 @@
 #endif
 
 #include "backends/backend.h"
+#include "cache/cache.h"
 #include "daemon/config.h"
 #include "daemon/linger.h"
 #include "daemon/log.h"
@@ -1041,6 +1042,45 @@ static int handler(void *user, const char *section, const char *name, const char
               other);
 }
 
+/* Whether the configuration file at path (st: what fstat said of the file
+ * opened) is one that users other than root and the daemon's own could
+ * change, as sshd's StrictModes asks (outside probe 16 E1: a file of
+ * another user that everyone could write was read without a word, and
+ * whoever wrote admin_users there became an admin): the rule of every file
+ * dspkd trusts (dspk__trust_stat), for the file, a symbolic link at path
+ * (its owner), and the directories that hold the link and the file.  At
+ * start and at each reload.  true with the message in err. */
+static bool untrusted(const char *path, const struct stat *st, char *err, size_t len) {
+  char w[300], dir[PATH_MAX], target[PATH_MAX];
+  const char *what = "it is";
+  struct stat lst = {0};
+  uid_t self = geteuid();
+
+  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    if (dspk__trust_stat(&lst, self, 1, "dspkd's ", w, sizeof w) != 0) {
+      what = "it is a symbolic link";
+      goto bad;
+    }
+  }
+  if (dspk__trust_stat(st, self, 1, "dspkd's ", w, sizeof w) != 0)
+    goto bad;
+  if (dspk__trust_dir_of(path, self, 1, "dspkd's ", dir, sizeof dir, w, sizeof w) != 0)
+    goto bad_dir;
+  if (S_ISLNK(lst.st_mode) && realpath(path, target) &&
+      dspk__trust_dir_of(target, self, 1, "dspkd's ", dir, sizeof dir, w, sizeof w) != 0)
+    goto bad_dir;
+  return false;
+bad:
+  snprintf(err, len, "%s: refusing the configuration file: %s %s (whoever can change it "
+           "decides who may connect and who is an admin): chown root and chmod go-w it",
+           path, what, w);
+  return true;
+bad_dir:
+  snprintf(err, len, "%s: refusing the configuration file: its directory %s is %s (whoever "
+           "can change it can replace the file): chown root and chmod go-w it", path, dir, w);
+  return true;
+}
+
 /* Reads path into cfg (keys in skip untouched).  0 or a negative code, with
  * a one-line message in err. */
 static int load(const char *path, struct dspkd_config *cfg,
@@ -1074,6 +1114,10 @@ static int load(const char *path, struct dspkd_config *cfg,
                                  : "not a regular file";
   if (why) {
     snprintf(err, len, "%s: cannot read: %s", path, why);
+    close(fd);
+    return DSPK_EIO;
+  }
+  if (untrusted(path, &st, err, len)) {
     close(fd);
     return DSPK_EIO;
   }
