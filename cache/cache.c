@@ -254,7 +254,12 @@ out:
   return rc;
 }
 
-/* Returns the default cache path (malloc'd) or NULL when no home is known. */
+/* Returns the default cache path (malloc'd) or NULL when no home is known.
+ * A relative or empty $XDG_CACHE_HOME or $HOME is taken as unset (the XDG
+ * Base Directory specification: a relative path is invalid): the path
+ * would depend on the working directory, which a detached daemon changes
+ * to / (outside probe 16 E2: HOME=rel made /rel/.cache/dspk/cache.db).
+ * The fallback for $HOME is the passwd entry's home, when absolute. */
 static char *default_path(void) {
   const char *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
@@ -264,11 +269,11 @@ static char *default_path(void) {
       return NULL;
     return out;
   }
-  if (!home || !home[0]) {
+  if (!home || home[0] != '/') {
     struct passwd *pw = getpwuid(getuid());
     home = pw ? pw->pw_dir : NULL;
   }
-  if (!home || !home[0])
+  if (!home || home[0] != '/')
     return NULL;
   if (asprintf(&out, "%s/.cache/dspk/cache.db", home) < 0)
     return NULL;
@@ -1097,6 +1102,67 @@ static void drop_side_files(struct dspk__cache *c) {
   }
 }
 
+/* Whether the cache at path, and what SQLite opens with it, are safe from
+ * other users (outside probe 16 E1: a cache file others could write gave
+ * every client the kernels they put there; another user's symbolic link
+ * at the path made a corrupt-file recovery move aside and overwrite the
+ * file it pointed to).  The rule of every file dspkd trusts
+ * (dspk__trust_stat): a symbolic link at path owned by root or this
+ * process's user (an admin's link to another disk, never one another user
+ * planted), the directory that holds path and, through a link, the one
+ * that holds its target, the file, and its -wal, -shm and -journal beside
+ * it (never symbolic links), each owned by root or this process's user and
+ * not writable by group or others (a directory may be, with the sticky
+ * bit).  0, or -1 with why: what is wrong, and the fix. */
+static int check_trust(const char *path, char *why, size_t len) {
+  static const char *const side[] = {"-wal", "-shm", "-journal"};
+  uid_t self = geteuid();
+  char target[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 16], w[300];
+  const char *file = path, *what = "the file";
+  struct stat sb;
+
+  if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+    if (dspk__trust_stat(&sb, self, 1, NULL, w, sizeof w) != 0) {
+      snprintf(why, len, "it is a symbolic link %s (another user's link: it could point at "
+               "any file); remove it, or give the cache another path", w);
+      return -1;
+    }
+    if (realpath(path, target))
+      file = target;
+  }
+  if (dspk__trust_dir_of(path, self, 1, NULL, dir, sizeof dir, w, sizeof w) != 0)
+    goto dir_bad;
+  if (file != path && dspk__trust_dir_of(file, self, 1, NULL, dir, sizeof dir, w,
+                                         sizeof w) != 0)
+    goto dir_bad;
+  for (size_t i = 0; i <= sizeof side / sizeof side[0]; i++) {
+    if (i) {
+      snprintf(p, sizeof p, "%s%s", file, side[i - 1]);
+      what = p;
+    }
+    if (lstat(i ? p : file, &sb) != 0)
+      continue;
+    if (i && S_ISLNK(sb.st_mode)) {
+      snprintf(why, len, "%s, a file SQLite keeps beside it, is a symbolic link; remove it",
+               p);
+      return -1;
+    }
+    if ((i || S_ISREG(sb.st_mode)) &&
+        dspk__trust_stat(&sb, self, 1, NULL, w, sizeof w) != 0) {
+      snprintf(why, len, "%s is %s: another user could change the cache, whose kernels every "
+               "client runs; chown it to this user (or root) and chmod go-w it, or give the "
+               "cache another path", what, w);
+      return -1;
+    }
+  }
+  return 0;
+dir_bad:
+  snprintf(why, len, "its directory %s is %s: another user could replace the cache; chown "
+           "it to this user (or root) and chmod go-w it (or +t), or give the cache another "
+           "path", dir, w);
+  return -1;
+}
+
 /* Opens the file c->path for the cache, creating its directories; a
  * corrupt file, or a dspk cache whose schema is damaged, is moved aside
  * and rebuilt.  Returns 0 with *db set (warn: "" or the line to log about
@@ -1105,7 +1171,7 @@ static void drop_side_files(struct dspk__cache *c) {
  * an unusable file with no_fallback). */
 static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                      char *warn, size_t warnlen) {
-  char why[512] = "", first[256], moved[4200], target[PATH_MAX];
+  char why[PATH_MAX + 768] = "", first[256], moved[4200], target[PATH_MAX];
   const char *what;
   struct stat sb;
   /* A file (and directories) this call creates are removed again when it
@@ -1127,6 +1193,18 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
              strerror(-mk));
     goto unusable;
   }
+  /* A missing file is made here, 0600 and never through a symbolic link
+   * (O_EXCL | O_NOFOLLOW: a link planted meanwhile is found by the check
+   * below), so that no other user reads which uid ran which kernel, and
+   * SQLite gives its -wal and -shm the file's mode.  Where it cannot be
+   * made, SQLite's open below says why. */
+  if (created) {
+    int fd = open(c->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0)
+      close(fd);
+  }
+  if (check_trust(c->path, why, sizeof why) != 0)
+    goto unusable;
   enum open_result r = try_open(c->path, c->busy_ms, db, why, sizeof why);
   switch (r) {
   case OPEN_OK:

@@ -29,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "dspk/errors.h"
 
@@ -117,6 +118,14 @@ struct dspk__cache_opts {
  * one line into warn (for the daemon to log once) saying what happened;
  * otherwise warn is set to "".  warn may be NULL.
  *
+ * A location another user could change is left alone too (an in-memory
+ * cache, warn naming what and the fix): a symbolic link at path not owned
+ * by root or this process's user, the directory holding path (or the
+ * link's target) owned by another user or writable by group or others
+ * without the sticky bit, the file or its -wal, -shm or -journal owned by
+ * another user or writable by group or others, a companion that is a
+ * symbolic link (dspk__trust_stat).  A file this call makes is mode 0600.
+ *
  * While open, each put first checks (one stat) that path still names the
  * open file; when it was deleted or replaced, the old file's -wal and -shm
  * (still at the path) are checkpointed into it and removed, when they are
@@ -135,6 +144,26 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
  * or ~/.cache/dspk/cache.db, malloc'd (the caller frees it); NULL when no
  * home is known or out of memory. */
 char *dspk__cache_default_path(void);
+/* ---- files other users could change (cache/trust.c) -------------------- */
+
+struct stat;
+/* 0 when st (what lstat or fstat said of a file, a symbolic link or a
+ * directory) is safe from every user but owner (and root, when root_ok):
+ * owned by one of them, and not writable by group or others (a directory
+ * may be, with the sticky bit: then no one else can rename or remove what
+ * is in it; a link's own mode means nothing).  Else -1 with why, one
+ * phrase: "owned by uid 65534, not by [root or ]<whose>uid 0", "writable
+ * by group or others (mode 0666)", "a directory writable by group or
+ * others without the sticky bit (mode 0777: ...)".  whose: NULL or words
+ * before "uid" ("dspkd's "). */
+int dspk__trust_stat(const struct stat *st, uid_t owner, int root_ok, const char *whose,
+                     char *why, size_t len);
+/* The same for the directory that holds path (its name up to the last
+ * '/', "." without one), written into dir.  0, or -1 with why (a directory
+ * that cannot be looked at says so). */
+int dspk__trust_dir_of(const char *path, uid_t owner, int root_ok, const char *whose,
+                       char *dir, size_t dirlen, char *why, size_t len);
+
 /* Closes the connection and frees the cache.  Accepts NULL. */
 void dspk__cache_close(struct dspk__cache *c);
 /* The file in use (":memory:" after a fallback, at open or later).  Owned

@@ -125,6 +125,9 @@ size_t dspkd_admin_reloaded(struct dspkd *d) {
   if (n)
     dspkd_info("reload: %zu connection(s) closed: allow_users and allow_groups no longer "
                "admit their users", n);
+  /* A trace begun as an admin by a peer that is one no longer (the
+   * connections above are closed: their traces end with them). */
+  dspkd_trace_reloaded(d);
   return n;
 }
 

@@ -38,6 +38,7 @@
 #endif
 
 #include "backends/backend.h"
+#include "cache/cache.h"
 #include "daemon/config.h"
 #include "daemon/linger.h"
 #include "daemon/log.h"
@@ -253,6 +254,13 @@ static void put_uint(void *p, size_t width, uint64_t v) {
   }
 }
 
+/* Whether s begins with a 0 followed by another digit ("08", "065534"): a
+ * number that reads two ways (octal to some readers).  Every number of the
+ * file and the command line refuses it (counts, sizes, shares, durations,
+ * ports, device indexes), and a user or group list takes such a word as a
+ * name, never as a number (outside probe 16 E3). */
+static bool leading_zero(const char *s) { return s[0] == '0' && s[1] >= '0' && s[1] <= '9'; }
+
 /* Parses an unsigned decimal; for sizes with an optional binary unit
  * (proto/units.h: K, M, G, T, KiB...), for durations with ms or s.  0 or
  * -1. */
@@ -261,6 +269,8 @@ static int parse_uint(const char *s, enum ktype t, uint64_t *out) {
   unsigned long long v;
   uint64_t mul = 1;
 
+  if (leading_zero(s))
+    return -1;
   if (t == K_SIZE)
     return dspk__parse_size(s, out);
   /* A digit first, as sizes (dspk__parse_size) and shares: no sign and no
@@ -401,10 +411,14 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
       snprintf(msg, len, "more than %d entries", DSPKD_MAX_IDS);
       return -1;
     }
+    /* A number is the one rule of every number here: decimal digits from
+     * the first byte, no sign, blank or leading 0 ("+65534", "065534" and
+     * " 1" are names, which no user has: a warning, admitting no one). */
     char *end;
     errno = 0;
     unsigned long v = strtoul(word, &end, 10);
-    if (!errno && *end == '\0' && word[0] != '-' && v < UINT32_MAX) {
+    if (!errno && *end == '\0' && word[0] >= '0' && word[0] <= '9' && !leading_zero(word) &&
+        v < UINT32_MAX) {
       l.id[l.n++] = (uint32_t)v;
       continue;
     }
@@ -829,21 +843,22 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_SIZE:
   case K_MS:
   case K_FD:
+    /* A Slurm job id as $SLURM_JOB_ID has it and the state file writes it:
+     * hello's rule and the file's reader refuse "05", so does --end-job. */
+    if (k->off == offsetof(struct dspkd_config, end_job) && leading_zero(value)) {
+      snprintf(why, len, "expected a job id from 1 to %llu without a leading zero, got "
+               "\"%s\"", (unsigned long long)k->hi, vis(value));
+      return -1;
+    }
     if (parse_uint(value, k->type, &v) != 0 || v < k->lo || v > k->hi) {
-      snprintf(why, len, "expected %s from %llu to %llu%s, got \"%s\"",
+      snprintf(why, len, "expected %s from %llu to %llu%s, got \"%s\"%s",
                k->type == K_SIZE ? "a size" : "an integer", (unsigned long long)k->lo,
                (unsigned long long)k->hi,
                k->type == K_SIZE  ? " bytes (suffix K, M, G or T allowed)"
                : k->type == K_MS ? " milliseconds (suffix ms or s allowed)"
                                  : "",
-               vis(value));
-      return -1;
-    }
-    /* A Slurm job id as $SLURM_JOB_ID has it and the state file writes it:
-     * hello's rule and the file's reader refuse "05", so does --end-job. */
-    if (k->off == offsetof(struct dspkd_config, end_job) && value[0] == '0') {
-      snprintf(why, len, "expected a job id from 1 to %llu without a leading zero, got "
-               "\"%s\"", (unsigned long long)k->hi, vis(value));
+               vis(value), leading_zero(value) ? " (a leading 0 reads two ways: none is "
+                                                 "allowed)" : "");
       return -1;
     }
     if (k->type == K_FD && fcntl((int)v, F_GETFD) < 0) {
@@ -873,8 +888,9 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_SHARE:
     if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0) {
       snprintf(why, len, "expected a size from %llu to %llu (suffix K, M, G or T allowed) "
-               "or a share of each device's memory from 1%% to 100%%, got \"%s\"",
-               (unsigned long long)k->lo, (unsigned long long)k->hi, vis(value));
+               "or a share of each device's memory from 1%% to 100%%, got \"%s\"%s",
+               (unsigned long long)k->lo, (unsigned long long)k->hi, vis(value),
+               leading_zero(value) ? " (a leading 0 reads two ways: none is allowed)" : "");
       return -1;
     }
     put_uint(field, k->width, v);
@@ -1026,6 +1042,45 @@ static int handler(void *user, const char *section, const char *name, const char
               other);
 }
 
+/* Whether the configuration file at path (st: what fstat said of the file
+ * opened) is one that users other than root and the daemon's own could
+ * change, as sshd's StrictModes asks (outside probe 16 E1: a file of
+ * another user that everyone could write was read without a word, and
+ * whoever wrote admin_users there became an admin): the rule of every file
+ * dspkd trusts (dspk__trust_stat), for the file, a symbolic link at path
+ * (its owner), and the directories that hold the link and the file.  At
+ * start and at each reload.  true with the message in err. */
+static bool untrusted(const char *path, const struct stat *st, char *err, size_t len) {
+  char w[300], dir[PATH_MAX], target[PATH_MAX];
+  const char *what = "it is";
+  struct stat lst = {0};
+  uid_t self = geteuid();
+
+  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    if (dspk__trust_stat(&lst, self, 1, "dspkd's ", w, sizeof w) != 0) {
+      what = "it is a symbolic link";
+      goto bad;
+    }
+  }
+  if (dspk__trust_stat(st, self, 1, "dspkd's ", w, sizeof w) != 0)
+    goto bad;
+  if (dspk__trust_dir_of(path, self, 1, "dspkd's ", dir, sizeof dir, w, sizeof w) != 0)
+    goto bad_dir;
+  if (S_ISLNK(lst.st_mode) && realpath(path, target) &&
+      dspk__trust_dir_of(target, self, 1, "dspkd's ", dir, sizeof dir, w, sizeof w) != 0)
+    goto bad_dir;
+  return false;
+bad:
+  snprintf(err, len, "%s: refusing the configuration file: %s %s (whoever can change it "
+           "decides who may connect and who is an admin): chown root and chmod go-w it",
+           path, what, w);
+  return true;
+bad_dir:
+  snprintf(err, len, "%s: refusing the configuration file: its directory %s is %s (whoever "
+           "can change it can replace the file): chown root and chmod go-w it", path, dir, w);
+  return true;
+}
+
 /* Reads path into cfg (keys in skip untouched).  0 or a negative code, with
  * a one-line message in err. */
 static int load(const char *path, struct dspkd_config *cfg,
@@ -1059,6 +1114,10 @@ static int load(const char *path, struct dspkd_config *cfg,
                                  : "not a regular file";
   if (why) {
     snprintf(err, len, "%s: cannot read: %s", path, why);
+    close(fd);
+    return DSPK_EIO;
+  }
+  if (untrusted(path, &st, err, len)) {
     close(fd);
     return DSPK_EIO;
   }

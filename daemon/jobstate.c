@@ -53,6 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "daemon/config.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
@@ -217,12 +218,8 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
     snprintf(why, len, "fstat: %s", strerror(errno));
   else if (!S_ISREG(st.st_mode))
     snprintf(why, len, "%s", not_regular(st.st_mode));
-  else if (st.st_uid != owner)
-    snprintf(why, len, "owned by uid %lu, not by uid %lu", (unsigned long)st.st_uid,
-             (unsigned long)owner);
-  else if (st.st_mode & (S_IWGRP | S_IWOTH))
-    snprintf(why, len, "writable by group or others (mode %04o)",
-             (unsigned)(st.st_mode & 07777));
+  else if (dspk__trust_stat(&st, owner, 0, NULL, why, len) != 0)
+    ; /* owned by another user, or writable by group or others */
   else if (st.st_size != 0)
     snprintf(why, len, "not empty (%s): not a lock file dspkd made, which is empty; "
              "give each daemon a state file of its own", is_state_file(fd)
@@ -925,12 +922,8 @@ static int open_safe(const char *path, uid_t owner, struct stat *st, char *why, 
     snprintf(why, len, "fstat: %s", strerror(errno));
   else if (!S_ISREG(st->st_mode))
     snprintf(why, len, "%s", not_regular(st->st_mode));
-  else if (st->st_uid != owner)
-    snprintf(why, len, "owned by uid %lu, not by dspkd's uid %lu", (unsigned long)st->st_uid,
-             (unsigned long)owner);
-  else if (st->st_mode & (S_IWGRP | S_IWOTH))
-    snprintf(why, len, "writable by group or others (mode %04o; dspkd writes it 0600)",
-             (unsigned)(st->st_mode & 07777));
+  else if (dspk__trust_stat(st, owner, 0, "dspkd's ", why, len) != 0)
+    ; /* owned by another user, or writable by group or others (dspkd writes it 0600) */
   else if ((uint64_t)st->st_size > STATE_MAX_BYTES)
     snprintf(why, len, "larger than %u bytes", STATE_MAX_BYTES);
   else

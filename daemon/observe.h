@@ -157,6 +157,11 @@ const struct trace_sess *dspkd_trace_next(const struct trace_sess *s);
 void dspkd_trace_conn_closed(struct conn *c);
 /* At the stop: answers every trace in progress with what it recorded. */
 void dspkd_trace_stop_all(struct dspkd *d);
+/* After a reload that took a new configuration: answers at once, with
+ * what it recorded until now, each trace begun as an admin whose caller
+ * the new configuration no longer makes one (it showed every user's jobs
+ * in full), and logs a notice for each.  Returns how many it ended. */
+size_t dspkd_trace_reloaded(struct dspkd *d);
 /* Frees the devices' trace rings, after the runners are joined. */
 void dspkd_trace_free(struct dspkd *d);
 

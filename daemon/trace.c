@@ -11,7 +11,9 @@
  * its end copies what came after, under the device's mutex.  A device that
  * finished more jobs than the ring holds reports the oldest as dropped.
  * The job running at the end is included, marked running.  Traces in
- * progress at the daemon's stop are answered at once with what they have.
+ * progress at the daemon's stop are answered at once with what they have,
+ * and so is a trace begun as an admin at a reload that takes that right
+ * from its caller (dspkd_trace_reloaded).
  *
  * What a trace shows follows status (docs/security.md): the devices status
  * shows the caller, decided when the trace begins; on them, the jobs of
@@ -356,6 +358,26 @@ void dspkd_trace_conn_closed(struct conn *c) {
 void dspkd_trace_stop_all(struct dspkd *d) {
   while (d->obs.traces)
     finish(d->obs.traces);
+}
+
+size_t dspkd_trace_reloaded(struct dspkd *d) {
+  struct trace_sess *s = d->obs.traces, *next;
+  size_t n = 0;
+  /* The rights of a trace are fixed when it begins; a reload that takes a
+   * caller's admin right away ends its trace there, so that what it shows
+   * of other users' work was all recorded while it was an admin (outside
+   * probe 16 E4: it kept showing them for up to 600 s). */
+  for (; s; s = next) {
+    next = s->next;
+    if (!s->admin || s->c->closing || dspkd_admin_is(s->c))
+      continue;
+    dspkd_notice(DSPKD_PEER_FMT ": trace #%u ended at the reload: the caller is no longer "
+                 "an admin (it showed every user's jobs); answered with what it recorded "
+                 "until now", DSPKD_PEER_ARGS(s->c), s->msgid);
+    finish(s);
+    n++;
+  }
+  return n;
 }
 
 void dspkd_trace_free(struct dspkd *d) {

@@ -18,6 +18,7 @@
 #include <glob.h>
 #include <time.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1400,6 +1401,101 @@ static void test_backup_replaced(void **state) {
   assert_int_equal(sql_int(moved, "SELECT count(*) FROM blobs"), 4);
 }
 
+/* Opens path expecting the in-memory fallback, whose warning has each of
+ * the words given (NULL-terminated). */
+static void open_refused(const char *path, ...) {
+  struct dspk__cache *c = NULL;
+  char warn[2048] = "";
+  va_list ap;
+  assert_int_equal(dspk__cache_open(path, NULL, &c, warn, sizeof warn), 0);
+  assert_true(dspk__cache_in_memory(c));
+  va_start(ap, path);
+  for (const char *w; (w = va_arg(ap, const char *));)
+    if (!strstr(warn, w))
+      fail_msg("warning lacks \"%s\": %s", w, warn);
+  va_end(ap);
+  if (!strstr(warn, "using an in-memory cache"))
+    fail_msg("not the fallback's warning: %s", warn);
+  dspk__cache_close(c);
+}
+
+/* A cache that another user could change is never used (outside probe 16
+ * E1): a file, or a companion, writable by group or others; a directory
+ * writable by them without the sticky bit; and, as root, a file or a
+ * directory owned by another user, and another user's symbolic link at
+ * the path, whose target a corrupt-file recovery moved aside and rebuilt.
+ * Root's and the process's own files, in a sticky directory too, are
+ * used; a file the cache makes is 0600 whatever the umask. */
+static void test_other_users(void **state) {
+  struct fixture *f = *state;
+  char dir[320], db[400], side[420], victim[400], link[400];
+  struct stat sb;
+  snprintf(dir, sizeof dir, "%s/t", f->dir);
+  snprintf(db, sizeof db, "%s/c.db", dir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+
+  mode_t old = umask(0);
+  struct dspk__cache *c = open_ok(db, NULL);
+  umask(old);
+  dspk__cache_close(c);
+  assert_int_equal(stat(db, &sb), 0);
+  assert_int_equal(sb.st_mode & 0777, 0600);
+
+  assert_int_equal(chmod(db, 0666), 0);
+  open_refused(db, "the file is writable by group or others (mode 0666)", "chmod go-w", NULL);
+  assert_int_equal(chmod(db, 0600), 0);
+  snprintf(side, sizeof side, "%s-journal", db);
+  int fd = open(side, O_WRONLY | O_CREAT | O_EXCL, 0622);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(chmod(side, 0622), 0);
+  open_refused(db, side, "writable by group or others (mode 0622)", NULL);
+  assert_int_equal(unlink(side), 0);
+  assert_int_equal(chmod(dir, 0777), 0);
+  open_refused(db, "its directory", "without the sticky bit (mode 0777",
+               "give the cache another path", NULL);
+  assert_int_equal(chmod(dir, 01777), 0);
+  dspk__cache_close(open_ok(db, NULL));
+  assert_int_equal(chmod(dir, 0700), 0);
+  if (geteuid() != 0)
+    return; /* another owner needs root (ctest runs this as root in CI and here) */
+
+  assert_int_equal(chown(db, 65534, 65534), 0);
+  open_refused(db, "the file is owned by uid 65534, not by uid 0", NULL);
+  assert_int_equal(chown(db, 0, 0), 0);
+  assert_int_equal(chown(dir, 65534, 65534), 0);
+  open_refused(db, "its directory", "owned by uid 65534, not by uid 0", NULL);
+  assert_int_equal(chown(dir, 0, 0), 0);
+  /* Another user's link to a root file, in a sticky directory that user
+   * may write: the file is neither moved aside nor rebuilt. */
+  static const char text[] = "not a database, root's own file\n";
+  snprintf(victim, sizeof victim, "%s/victim.txt", f->dir);
+  snprintf(link, sizeof link, "%s/link.db", dir);
+  fd = open(victim, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+  close(fd);
+  assert_int_equal(chmod(dir, 01777), 0);
+  assert_int_equal(symlink(victim, link), 0);
+  assert_int_equal(lchown(link, 65534, 65534), 0);
+  open_refused(link, "it is a symbolic link owned by uid 65534, not by uid 0", NULL);
+  char got[sizeof text] = "";
+  fd = open(victim, O_RDONLY);
+  assert_true(fd >= 0);
+  assert_int_equal(read(fd, got, sizeof got), (ssize_t)(sizeof text - 1));
+  close(fd);
+  assert_string_equal(got, text);
+  glob_t g;
+  char pat[420];
+  snprintf(pat, sizeof pat, "%s.corrupt-*", victim);
+  assert_int_equal(glob(pat, 0, NULL, &g), GLOB_NOMATCH);
+  /* Root's own link is followed, as before (a cache on another disk). */
+  assert_int_equal(lchown(link, 0, 0), 0);
+  assert_int_equal(unlink(victim), 0);
+  dspk__cache_close(open_ok(link, NULL));
+  assert_int_equal(chmod(dir, 0700), 0);
+}
+
 static void test_default_path(void **state) {
   struct fixture *f = *state;
   char xdg[300], want[400];
@@ -1411,6 +1507,28 @@ static void test_default_path(void **state) {
   assert_string_equal(dspk__cache_path(c), want);
   dspk__cache_close(c);
   assert_int_equal(access(want, F_OK), 0);
+  /* A relative or empty $XDG_CACHE_HOME or $HOME counts as unset (outside
+   * probe 16 E2: HOME=rel gave rel/.cache/dspk/cache.db, under / once the
+   * daemon had detached): the passwd entry's home instead. */
+  char *oldhome = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+  struct passwd *pw = getpwuid(getuid());
+  assert_non_null(pw);
+  snprintf(want, sizeof want, "%s/.cache/dspk/cache.db", pw->pw_dir);
+  static const char *const bad[][2] = {{"rel", "relhome"}, {"", ""}, {"rel/x", "."}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("XDG_CACHE_HOME", bad[i][0], 1);
+    setenv("HOME", bad[i][1], 1);
+    char *p = dspk__cache_default_path();
+    assert_non_null(p);
+    assert_string_equal(p, want);
+    free(p);
+  }
+  if (oldhome) {
+    setenv("HOME", oldhome, 1);
+    free(oldhome);
+  } else {
+    unsetenv("HOME");
+  }
   if (old) {
     setenv("XDG_CACHE_HOME", old, 1);
     free(old);
@@ -2193,6 +2311,7 @@ int main(void) {
       T(test_garbage_replaced),
       T(test_backup_replaced),
       T(test_default_path),
+      T(test_other_users),
       T(test_two_processes),
       T(test_threads),
       T(test_memory_and_args),

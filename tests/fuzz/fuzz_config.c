@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/config.h"
@@ -28,6 +29,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (memfd < 0) {
     memfd = memfd_create("dspkd.conf", MFD_CLOEXEC);
     FUZZ_CHECK(memfd >= 0);
+    /* A memfd is made mode 0777: dspkd refuses a configuration file that
+     * group or others could write (dspk.conf(5)), so the harness makes it
+     * one it accepts, or no input would reach the parser. */
+    FUZZ_CHECK(fchmod(memfd, 0600) == 0);
     dspkd_log_set_level(DSPKD_ERROR);
     /* The parser's error lines go to stdio's stderr: send those to
      * /dev/null; file descriptor 2 stays, for libFuzzer and the sanitizers. */

@@ -1071,6 +1071,19 @@ def t_reload(exe, tmp):
     log = d.logtext()
     check("%s:3: max_clients" % conf in log and "keeping the running configuration" in log,
           "logged file:line and why:\n" + log)
+    # A valid file that group or others could write: a reload refuses it as
+    # the start does (outside probe 16 E1), the running configuration stays.
+    write(conf, "[limits]\nmax_inflight = 20\n")
+    os.chmod(conf, 0o646)
+    d.proc.send_signal(signal.SIGHUP)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    done = n.until(lambda m: m.get("READY") == "1", "READY=1 after the refused reload")
+    check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    lim = c.call("status")["daemon"]["limits"]
+    check(lim["max_inflight"] == 50, "kept: %r" % lim)
+    check("%s: refusing the configuration file: it is writable by group or others (mode 0646)"
+          % conf in d.logtext(), "logged:\n" + d.logtext())
+    os.chmod(conf, 0o644)
     # The file replaced by a directory (it was read as an empty file: every
     # setting back to its default, "configuration reloaded"): refused too.
     os.rename(conf, conf + ".bak")
@@ -1511,9 +1524,13 @@ def t_hooks(exe, tmp):
 
 
 def t_config(exe, tmp):
-    def start_fail(text, want):
-        conf = os.path.join(tmp, "bad.conf")
+    def start_fail(text, want, name="bad.conf", mode=None, owner=None):
+        conf = os.path.join(tmp, name)
         write(conf, text)
+        if mode is not None:
+            os.chmod(conf, mode)
+        if owner is not None:
+            os.chown(conf, owner, owner)
         p = subprocess.run([exe, "--foreground", "--config", conf, "--backends", "cpu",
                             "--socket", os.path.join(tmp, "never.sock")],
                            stderr=subprocess.PIPE, timeout=TIMEOUT)
@@ -1528,8 +1545,48 @@ def t_config(exe, tmp):
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
     start_fail("[limits]\nmax_conn_memory = 0\n", "%(f)s:2: max_conn_memory: expected a size")
+    # One number rule for every number (outside probe 16 E3): a leading 0
+    # reads two ways, in a count, a size, a duration and a share alike.
+    start_fail("[limits]\nmax_depth = 016\n", '%(f)s:2: max_depth: expected an integer from 4 to '
+               '1024, got "016" (a leading 0 reads two ways: none is allowed)')
+    start_fail("[limits]\nmax_unsent = 064M\n", '%(f)s:2: max_unsent: expected a size')
+    start_fail("[limits]\nmax_user_memory = 050%\n", '%(f)s:2: max_user_memory: expected a size')
+    start_fail("[daemon]\nshutdown_timeout = 05s\n", '%(f)s:2: shutdown_timeout: expected an '
+               'integer')
     start_fail("[daemon]\nforeground = maybe\n",
                "%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, got \"maybe\"")
+    # A file other users could change (outside probe 16 E1: a file of
+    # nobody's that everyone could write was read, its admin_users with it):
+    # refused whoever owns it, as is one in a directory they could change.
+    admin = "[policy]\nadmin_users = nobody\n"
+    start_fail(admin, "%(f)s: refusing the configuration file: it is writable by group or "
+               "others (mode 0666) (whoever can change it decides who may connect and who is "
+               "an admin): chown root and chmod go-w it", name="w.conf", mode=0o666)
+    start_fail(admin, "%(f)s: refusing the configuration file: it is writable by group or "
+               "others (mode 0620)", name="g.conf", mode=0o620)
+    sub = os.path.join(tmp, "open")
+    os.mkdir(sub)
+    os.chmod(sub, 0o777)
+    start_fail(admin, "%%(f)s: refusing the configuration file: its directory %s is a "
+               "directory writable by group or others without the sticky bit (mode 0777"
+               % sub, name="open/c.conf", mode=0o644)
+    if os.getuid() == 0:
+        nobody = 65534
+        start_fail(admin, "%(f)s: refusing the configuration file: it is owned by uid 65534, "
+                   "not by dspkd's uid 0", name="n.conf", mode=0o644, owner=nobody)
+        # Another user's link to a root file that is safe itself.
+        good = os.path.join(tmp, "good.conf")
+        write(good, "[daemon]\nlog_level = info\n")
+        os.chmod(sub, 0o1777)
+        ln = os.path.join(sub, "ln.conf")
+        os.symlink(good, ln)
+        os.lchown(ln, nobody, nobody)
+        p = subprocess.run([exe, "--foreground", "--config", ln, "--backends", "cpu",
+                            "--socket", os.path.join(tmp, "never.sock")],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+        check(p.returncode == 2 and "%s: refusing the configuration file: it is a symbolic "
+              "link owned by uid 65534, not by dspkd's uid 0" % ln in p.stderr.decode(),
+              "another user's link: %d %s" % (p.returncode, p.stderr.decode()))
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
     # A key above the first header is in no section: the message says so
     # (never "in []", a section nobody wrote) and where it belongs.
@@ -1992,6 +2049,19 @@ def t_policy(exe, tmp):
     check('warn: %s:3: allow_users: no such user "no-such-user-2"' % conf in log,
           "a later line's stale name is warned of:\n" + log)
     check(as_user(d.sock, nobody, "ping") == ["ok"], "the first line's entry applies")
+    # A number is plain decimal, as every number of dspk.conf(5): a sign or a
+    # leading 0 makes the word a name, which no user has (outside probe 16
+    # E3: "+65534" and "065534" admitted uid 65534 without a word).
+    for word in ("+%d" % nobody, "0%d" % nobody):
+        n = len(d.logtext())
+        write(conf, "[policy]\nallow_users = %s\nadmin_groups = %d\n" % (word, nobody))
+        check(root.call("daemon.reload") == {"reloaded": True}, "%s: reloaded" % word)
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (%s)" % word)
+        log = d.logtext()[n:]
+        check('warn: %s:2: allow_users: no such user "%s"' % (conf, word) in log,
+              "%s is a name, warned of:\n%s" % (word, log))
+        got = as_user(d.sock, nobody, "ping")
+        check(got == ["notify:protocol.error:EPERM"], "%s admits no one: %r" % (word, got))
     write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")
@@ -2107,7 +2177,54 @@ def t_policyreload(exe, tmp):
           nb.notes[0][2][0]["name"] == "EPERM", "the caller revoked: %r %r"
           % (nb.responses, nb.notes))
     check(root.call("ping", {"data": b"t"})["data"] == b"t", "the daemon goes on")
-    d.stop()
+    # A trace begun as an admin ends at a reload that takes the admin right
+    # away, answered at once with what it recorded until then (outside probe
+    # 16 E4: it showed every user's jobs in full for up to its 600 s); the
+    # traces of callers still admins go on.  (The notifications each reload
+    # sends are read, or the daemon's sd_notify would block on a full queue.)
+    def drain():
+        d.notify.sock.setblocking(False)
+        try:
+            while True:
+                d.notify.next()
+        except BlockingIOError:
+            pass
+        finally:
+            d.notify.sock.settimeout(TIMEOUT)
+
+    drain()
+    write(conf, "[policy]\nallow_users = nobody\nadmin_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "nobody an admin again")
+    drain()
+    nb = client_as(d.sock, nobody)
+    tr = nb.send("trace", {"seconds": 600})
+    check(nb.call("ping", {"data": b"u"})["data"] == b"u", "the trace began")
+    rt = root.send("trace", {"seconds": 600})
+    check(root.call("ping", {"data": b"v"})["data"] == b"v", "root's trace began")
+    root.wait(small_task(root))
+    n = len(d.logtext())
+    write(conf, "[policy]\nallow_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "nobody no longer an admin")
+    drain()
+    got = nb.wait(tr)
+    check(got["end_us"] - got["start_us"] < 600 * 10**6, "ended early: %r" % got)
+    mine = [j for j in got["jobs"] if j["name"] == "map"]
+    check(len(mine) == 1 and mine[0]["client"] != 0,
+          "root's job, run while nobody was an admin, in full: %r" % got["jobs"])
+    check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): trace #%d ended at the "
+                    r"reload: the caller is no longer an admin" % (nobody, tr),
+                    d.logtext()[n:]), "the end logged:\n" + d.logtext()[n:])
+    # From now on nobody's traces show root's jobs as "other".
+    tr = nb.send("trace", {"seconds": 600})
+    check(nb.call("ping", {"data": b"w"})["data"] == b"w", "a new trace began")
+    root.wait(small_task(root))
+    check(root.call("ping", {"data": b"x"})["data"] == b"x" and rt not in root.responses,
+          "root's trace goes on")
+    root.call("daemon.stop")
+    got = nb.wait(tr)
+    check([j["name"] for j in got["jobs"]] == ["other"], "anonymous now: %r" % got["jobs"])
+    root.wait(rt)
+    check(d.wait() == 0, "exit 0")
 
 
 def exit_path(exe, tmp, how, want_rc, backends="cpu"):
