@@ -900,26 +900,43 @@ class TaskFuture(concurrent.futures.Future):
         return _Held(cond)
 
     def _finish(self, result: Any, exception: Optional[BaseException]) -> None:
-        """set_result()/set_exception() as concurrent.futures has them, under _locked()."""
-        with self._locked():
-            if self._state in _DONE_STATES:
-                # Done by an earlier attempt that an interruption may have cut before
-                # it woke the waiters or ran the callbacks: this one does.
-                self._condition.notify_all()
-                if self._ran >= len(self._done_callbacks):
-                    raise concurrent.futures.InvalidStateError(
-                        "{}: {!r}".format(self._state, self))
-            else:
-                if exception is not None:
-                    self._exception = exception
-                else:
-                    self._result = result
-                self._state = _cf.FINISHED
-                try:
-                    self._tell_waiters(exception)
-                finally:
+        """set_result()/set_exception() as concurrent.futures has them, under _locked().
+        The callbacks run in a ``finally`` tried twice, by the call that changed the
+        state: an interruption (a signal handler's KeyboardInterrupt, on the main
+        thread) that lands after the state changed, or as the first attempt starts,
+        leaves none unrun.  A future done already has its callbacks run once more
+        only on the main thread (a settle once more after an attempt cut twice);
+        another thread's attempt is never cut, and running them beside it ran the
+        callbacks twice."""
+        mine = False
+        try:
+            with self._locked():
+                if self._state in _DONE_STATES:
+                    # Done by an earlier attempt that an interruption may have cut
+                    # before it woke the waiters or ran the callbacks: this one does.
                     self._condition.notify_all()
-        self._invoke_callbacks()
+                    if self._ran >= len(self._done_callbacks) or not _on_main():
+                        raise concurrent.futures.InvalidStateError(
+                            "{}: {!r}".format(self._state, self))
+                    mine = True
+                else:
+                    mine = True  # (before the state: no call in between)
+                    if exception is not None:
+                        self._exception = exception
+                    else:
+                        self._result = result
+                    self._state = _cf.FINISHED
+                    try:
+                        self._tell_waiters(exception)
+                    finally:
+                        self._condition.notify_all()
+        finally:
+            if mine:
+                try:
+                    self._invoke_callbacks()
+                except BaseException:  # noqa: B036 - an interruption: once more, then on
+                    self._invoke_callbacks()
+                    raise
 
     def _tell_waiters(self, exception: Optional[BaseException]) -> None:
         """Tells the waiters of concurrent.futures.wait()/as_completed() (under the
@@ -932,19 +949,29 @@ class TaskFuture(concurrent.futures.Future):
                     waiter.add_result(self)
 
     def _invoke_callbacks(self) -> None:
-        """Runs the done-callbacks not run yet, in order, each taken as run once it
-        returned: an interruption before that (KeyboardInterrupt on the main thread)
-        leaves it to the next attempt to settle the future (Client._run_ready tries
-        again), rather than never.  What a callback raises as an Exception is logged,
-        as concurrent.futures does."""
+        """Runs the done-callbacks not run yet of a done future (nothing while it is
+        pending), in order, each taken as run once it returned: an interruption
+        before that (KeyboardInterrupt on the main thread) leaves it to the next
+        attempt (the ``finally`` of _finish and _cancel, Client._run_ready), rather
+        than never.  Two threads may run them at once (the main thread's cancel() or
+        its settle once more, and the thread reading the answer): ``_ran`` is only
+        ever set past a callback that ran, so none is skipped, and one may run twice
+        here: a user's callback is posted once per attempt and runs once all the
+        same (add_done_callback), the client's own settle what is settled already,
+        which does nothing.  What a callback raises as an Exception is logged, as
+        concurrent.futures does."""
+        if self._state not in _DONE_STATES:
+            return  # an interruption came before the state changed
         callbacks = self._done_callbacks
-        while self._ran < len(callbacks):
-            fn = callbacks[self._ran]
+        while True:
+            i = self._ran
+            if i >= len(callbacks):
+                return
             try:
-                fn(self)
+                callbacks[i](self)
             except Exception:
                 _cf.LOGGER.exception("exception calling callback for %r", self)
-            self._ran += 1
+            self._ran = i + 1
 
     def set_result(self, result: Any) -> None:
         """As concurrent.futures.Future's (used by the client's threads)."""
@@ -1064,12 +1091,14 @@ class TaskFuture(concurrent.futures.Future):
             self._add_callback(fn)
             return
 
+        once = _thread.allocate_lock()  # taken by the one run of fn (_run_once)
+
         def posted(f: "concurrent.futures.Future[Any]") -> None:
             client = owner()
             if client is None:  # no client left to run it: run here, as before
-                _run_callback(fn, f)
+                _run_once(once, fn, f)
             else:
-                client._post(_run_callback, (fn, f))
+                client._post(_run_once, (once, fn, f))
 
         self._add_callback(posted)
 
@@ -1123,25 +1152,43 @@ class TaskFuture(concurrent.futures.Future):
             canceled = self._cancel()
         finally:
             # Also when an interruption came after the state changed: the waiters of
-            # wait()/as_completed() are told in any case.
-            if self.cancelled():
-                try:
-                    self.set_running_or_notify_cancel()  # False: canceled, waiters told
-                except RuntimeError:
-                    pass  # told already (another cancel() of it)
+            # wait()/as_completed() are told in any case (once more where an
+            # interruption cuts the first attempt).
+            try:
+                self._notify_canceled()
+            except BaseException:  # noqa: B036
+                self._notify_canceled()
+                raise
         return canceled
 
+    def _notify_canceled(self) -> None:
+        if self.cancelled():
+            try:
+                self.set_running_or_notify_cancel()  # False: canceled, waiters told
+            except RuntimeError:
+                pass  # told already (another cancel() of it)
+
     def _cancel(self) -> bool:
-        """concurrent.futures.Future.cancel, under _locked()."""
-        with self._locked():
-            if self._state in (_cf.RUNNING, _cf.FINISHED):
-                return False
-            if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
-                return True
-            self._state = _cf.CANCELLED
-            self._condition.notify_all()
-        self._invoke_callbacks()
-        return True
+        """concurrent.futures.Future.cancel, under _locked(); the callbacks run as in
+        _finish (a ``finally`` tried twice, by the call that changed the state)."""
+        mine = False
+        try:
+            with self._locked():
+                if self._state in (_cf.RUNNING, _cf.FINISHED):
+                    return False
+                if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
+                    return True
+                mine = True  # (before the state: no call in between)
+                self._state = _cf.CANCELLED
+                self._condition.notify_all()
+            return True
+        finally:
+            if mine:
+                try:
+                    self._invoke_callbacks()
+                except BaseException:  # noqa: B036 - an interruption: once more, then on
+                    self._invoke_callbacks()
+                    raise
 
     @_untraced
     def result(self, timeout: Optional[float] = None) -> Any:
@@ -1186,6 +1233,16 @@ def _check_wait_timeout(timeout: Any) -> Optional[float]:
     if f != f:  # NaN by float() of a real type that compares as a number
         raise ValueError("timeout: NaN is not a number of seconds")
     return None if f > _TIMEOUT_FOREVER else max(f, 0.0)
+
+
+def _run_once(once: Any, fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
+    """Runs a user's done-callback unless it ran already: it is posted by every
+    attempt to run the future's callbacks that got that far (two threads settling
+    the future at once, or an attempt cut by an interruption after the post and run
+    again), and ``once`` (a lock, taken by C code in one step) lets only the first
+    of those posts run it."""
+    if once.acquire(False):
+        _run_callback(fn, fut)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
@@ -3711,6 +3768,14 @@ class Client:
             self._async = 0
             err = self._closed
             self._cond.notify_all()
+        try:
+            self._settle_calls(calls, err)
+        except BaseException:  # noqa: B036 - an interruption: every call once more
+            self._settle_calls(calls, err)  # (a settled one: nothing)
+            raise
+
+    def _settle_calls(self, calls: List["_Call"], err: Optional[Error]) -> None:
+        """Fails the futures of ``calls`` (taken off _pending) with ``err``."""
         for call in calls:
             self._settle(call.future, exc=_errors.error_from(
                 {"code": err.code, "name": err.name, "message": err.message}
