@@ -860,6 +860,8 @@ class TaskFuture(concurrent.futures.Future):
     _queued: bool = False
     # How many of its done-callbacks ran (_invoke_callbacks).
     _ran: int = 0
+    # Its request's method (a Timeout or a send error names it).
+    _method: str = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -2498,7 +2500,18 @@ class Client:
         job = self._env_job
         if job:
             params["job"] = job     # the Slurm job this process runs in
-        hello = self._call("hello", params, _decode_hello)  # failing: _abandon
+        try:
+            hello = self._call("hello", params, _decode_hello)  # failing: _abandon
+        except Error as e:
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
+            # Named as connect()'s (a Timeout of a stopped daemon, a malformed answer),
+            # the socket too.
+            raise _errors.error_from({
+                "code": e.code, "name": e.name,
+                "message": ("connect(): " if self._socket_path in e.message else
+                            "connect() to dspkd at %s: " % self._socket_path)
+                + e.message}) from None
         self._name = name
         self._daemon_version: str = hello[0]
         self._client_id: int = hello[1]
@@ -2780,8 +2793,9 @@ class Client:
             try:
                 sl.claim(token, deadline, gone=self._gone)
             except _SendWaitTimeout:
-                raise _errors.Timeout("could not send a request within %gs (the daemon "
-                                      "reads no more)" % self.timeout) from None
+                raise _errors.Timeout("%s: could not send the request within %gs (the "
+                                      "daemon reads no more)" % (self._request_at(mark),
+                                                                 self.timeout)) from None
             if self._closed is not None:
                 raise self._closed_error()
             # The frees owed first (shared arrays collected since the last request):
@@ -2846,7 +2860,7 @@ class Client:
                 if n < 0:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
-                        self._send_timed_out(sent)
+                        self._send_timed_out(sent, mark)
                     # poll(), not select(): no FD_SETSIZE limit on the descriptors.
                     p = select.poll()
                     p.register(self._sock, select.POLLOUT)
@@ -3031,7 +3045,7 @@ class Client:
                 pass
         return True
 
-    def _send_timed_out(self, sent: int) -> None:
+    def _send_timed_out(self, sent: int, mark: Optional[TaskFuture] = None) -> None:
         """The timeout ran out while sending: dspk.Timeout.  With part of the request
         written, the stream cannot carry another message: the connection is closed
         (later calls raise dspk.Closed); with nothing written it stays."""
@@ -3039,9 +3053,10 @@ class Client:
             self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-        raise _errors.Timeout("could not send a request within %gs (the daemon reads no "
-                              "more)%s" % (self.timeout, "; the connection is closed"
-                                           if sent else ""))
+        raise _errors.Timeout("%s: could not send the request within %gs (the daemon "
+                              "reads no more)%s" % (self._request_at(mark), self.timeout,
+                                                    "; the connection is closed"
+                                                    if sent else ""))
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -3062,6 +3077,8 @@ class Client:
         self._after_jobs(method)
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
+        fut._method = "task.run " + args["op"] if method == "task.run" and \
+            isinstance(args, Mapping) and isinstance(args.get("op"), str) else method
         if owner is not None:
             owner += [fut]
         # The request's entries (its _Call, its direct read, its count of pending
@@ -3294,8 +3311,18 @@ class Client:
         if not self._pump_until(fut, deadline):
             raise concurrent.futures.TimeoutError()
 
+    def _request_at(self, fut: Optional[TaskFuture]) -> str:
+        """What a client-side error names: the request's method and id, and the
+        daemon's socket (``"ping (request 4) to dspkd at /run/dspk.sock"``)."""
+        method = getattr(fut, "_method", "")
+        msgid = getattr(fut, "msgid", 0)
+        what = "%s (request %d)" % (method, msgid) if method and msgid else \
+            method or ("request %d" % msgid if msgid else "a request")
+        return "%s to dspkd at %s" % (what, self._socket_path)
+
     def _timed_out(self, fut: TaskFuture) -> None:
-        raise _errors.Timeout("no answer to request %d within %gs" % (fut.msgid, self.timeout))
+        raise _errors.Timeout("%s: no answer within %gs" % (self._request_at(fut),
+                                                             self.timeout))
 
     def _read_once(self, wait: Optional[float] = None) -> None:
         """Reads what the socket has, waiting at most ``wait`` seconds (None: for ever)
@@ -4080,8 +4107,8 @@ class Client:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise _errors.Timeout(
-                        "%s: the submit()s made before it were not sent within %gs"
-                        % (method, self.timeout))
+                        "%s to dspkd at %s: the submit()s made before it were not sent "
+                        "within %gs" % (method, self._socket_path, self.timeout))
                 _wait_in(self._work_cond, _SEND_RECHECK if left is None
                          else min(left, _SEND_RECHECK))
 

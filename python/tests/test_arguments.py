@@ -758,7 +758,9 @@ def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
     os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        with pytest.raises(dspk.Timeout, match="could not send a request within 1s"):
+        with pytest.raises(dspk.Timeout, match=r"^ETIMEDOUT: task.run reduce \(request \d+\) to "
+                           r"dspkd at %s: could not send the request within 1s"
+                           % re.escape(fresh_daemon.socket)):
             c.reduce(x)
         assert time.monotonic() - t0 < 10
         t0 = time.monotonic()
@@ -772,6 +774,31 @@ def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
     c.close()
     with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
         assert c2.reduce(x) == x.size
+
+
+def test_a_timeout_names_the_call_and_the_socket(fresh_daemon):
+    """dspk.Timeout said only "no answer to request 4 within 1s": neither the call nor
+    the socket, and from connect() not that it was connecting (probe 16 C, defect 3).
+    Now each names the request's method (a task.run its op) and id, and the daemon's
+    socket; connect()'s says it is connect()'s."""
+    import signal
+    sock = re.escape(fresh_daemon.socket)
+    c = dspk.connect(fresh_daemon.socket, timeout=1.0)
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        for call, what in [(c.ping, "ping"), (c.status, "status"),
+                           (lambda: c.empty(4), "buffer.create"),
+                           (lambda: c.reduce(np.ones(4)), "task.run reduce")]:
+            with pytest.raises(dspk.Timeout, match=r"^ETIMEDOUT: %s \(request \d+\) to "
+                               r"dspkd at %s: no answer within 1s$" % (re.escape(what), sock)):
+                call()
+        with pytest.raises(dspk.Timeout, match=r"^ETIMEDOUT: connect\(\): hello \(request 1\) "
+                           r"to dspkd at %s: no answer within 0.5s$" % sock):
+            dspk.connect(fresh_daemon.socket, timeout=0.5)
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    assert c.ping() > 0
+    c.close()
 
 
 def test_timeout_bounds_connecting(tmp_path):
