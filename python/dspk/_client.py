@@ -38,7 +38,7 @@ import weakref
 # The C module's socketpair(): its sockets own their descriptors from the start
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Set, Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
@@ -60,8 +60,23 @@ OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (e
 _Out = TypeVar("_Out", "DeviceArray", np.ndarray)
 # A socket path: str, bytes, or a path object giving either.
 SocketPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
-# ping()'s data: any bytes-like object.
-BytesLike = Union[bytes, bytearray, memoryview]
+# ping()'s data: a bytes-like object.  Python 3.11's typing has no type for "any
+# object of the buffer protocol": these are the common ones (a numpy array or scalar,
+# array.array, mmap.mmap too); the call takes any.
+BytesLike = Union[bytes, bytearray, memoryview, _array.array, mmap.mmap, np.ndarray,
+                  np.generic]
+# A real number as the calls take it (alpha, beta, a timeout): numbers.Real, which
+# int, float, fractions.Fraction and numpy's integer and floating scalars (longdouble
+# too) are; float and the numpy classes are named for checkers that do not count them
+# as numbers.Real.
+Real = Union[float, numbers.Real, np.integer, np.floating]
+# An integer: numbers.Integral (int, a numpy integer); not a bool where the call says so.
+Integral = Union[int, numbers.Integral, np.integer]
+# A flag (trans_a, inverse, all): a bool, a numpy bool, or the integer 0 or 1.
+Flag = Union[bool, np.bool_, Integral]
+# A shape, axes, a grid: an integer, or a sequence (any iterable, a 1-D numpy array) of
+# integers.
+Integers = Union[Integral, Iterable[Integral], np.ndarray]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
@@ -676,7 +691,7 @@ def _not_a_socket(path: str) -> str:
 
 @_public
 def connect(socket: Optional[SocketPath] = None, *,
-            name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
+            name: Optional[str] = None, timeout: Optional[Real] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
 
     Args:
@@ -1193,7 +1208,7 @@ class TaskFuture(concurrent.futures.Future):
                     raise
 
     @_untraced
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: Optional[Real] = None) -> Any:
         """As concurrent.futures.Future's; the wait is outside the future's lock (see
         _wait_done), which is then taken for the result only.  A timeout that is not
         None or a real number is a TypeError, NaN a ValueError, as the wait of
@@ -1204,7 +1219,7 @@ class TaskFuture(concurrent.futures.Future):
         return super().result(0)
 
     @_untraced
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+    def exception(self, timeout: Optional[Real] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
         if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
             raise concurrent.futures.TimeoutError()
@@ -2294,7 +2309,7 @@ class Client:
     may call it at once; each call waits only for its own answer."""
 
     def __init__(self, socket: Optional[SocketPath] = None, *,
-                 name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+                 name: Optional[str] = None, timeout: Optional[Real] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
         if socket is not None and not isinstance(socket, (str, bytes)):
@@ -2690,7 +2705,7 @@ class Client:
         return self._timeout
 
     @timeout.setter
-    def timeout(self, value: Any) -> None:
+    def timeout(self, value: Optional[Real]) -> None:
         self._timeout = _check_timeout(value)
 
     @property
@@ -2701,7 +2716,7 @@ class Client:
         return self._shared_threshold
 
     @shared_threshold.setter
-    def shared_threshold(self, value: Any) -> None:
+    def shared_threshold(self, value: Integral) -> None:
         v = _integer("shared_threshold", value)
         if v < 0:
             raise _errors.InvalidArgument("shared_threshold: %d bytes (want 0 or more; "
@@ -4134,7 +4149,7 @@ class Client:
         return dt
 
     @_public
-    def devices(self, all: bool = False) -> List[Dict[str, Any]]:
+    def devices(self, all: Flag = False) -> List[Dict[str, Any]]:
         """The daemon's devices (``{id, backend, name, type, arch, driver, uuid, memory,
         max_tensor_bytes, software, ops, kernel_langs}``, docs/protocol.md):
         ``max_tensor_bytes`` is the largest operand or result a task on the device can
@@ -4204,13 +4219,13 @@ class Client:
         claim.ref.handed = True  # type: ignore[union-attr]  # no call: see _Claim
         return d
 
-    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+    def empty(self, shape: Integers, dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
         return self._handing(self._empty, shape, dtype, device)
 
     @_errors_as_dspk
-    def _empty(self, shape: Union[int, Sequence[int]], dtype: Any, device: str,
+    def _empty(self, shape: Integers, dtype: Any, device: str,
                claim: _Claim, deadline: Any = _EACH) -> DeviceArray:
         """empty(), its buffer owned by ``claim`` (the caller's) until handed over."""
         device = _device(device)
@@ -4258,7 +4273,7 @@ class Client:
         return d
 
     @_public
-    def empty_shared(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+    def empty_shared(self, shape: Integers, dtype: Any = np.float32,
                      device: str = "cpu:0") -> np.ndarray:
         """An uninitialised numpy array in memory shared with the daemon.
 
@@ -5209,8 +5224,8 @@ class Client:
     # methods wait for it, submit() hands it out.
 
     def _op_gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-                 alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
-                 trans_b: bool = False, device: str = "any",
+                 alpha: Real = 1.0, beta: Optional[Real] = None, trans_a: Flag = False,
+                 trans_b: Flag = False, device: str = "any",
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
         # beta as dspk-submit's --beta (cli.md): 1 when c is given, 0 without; a
@@ -5230,7 +5245,7 @@ class Client:
                 "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
-    def _op_fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
+    def _op_fft(self, x: ArrayLike, *, inverse: Flag = False, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         return self._run("fft", [x], {"inverse": _flag("inverse", inverse)}, device, out, **kw)
 
@@ -5245,7 +5260,7 @@ class Client:
                          **kw)
 
     def _op_reduce(self, x: ArrayLike, fn: str = "sum",
-                   axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
+                   axes: Optional[Integers] = None, *, device: str = "any",
                    out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         opts: Dict[str, Any] = {"fn": _string("fn", fn)}
         if axes is not None:
@@ -5256,18 +5271,17 @@ class Client:
         return self._run("reduce", [x], opts, device, out, **kw)
 
     def _op_map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-                alpha: float = 1.0, device: str = "any",
+                alpha: Real = 1.0, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a] + ([b] if b is not None else [])
         return self._run("map", inputs, {"fn": _string("fn", fn),
                                        "alpha": _scalar("alpha", alpha, _f32_op("map", a))}, device,
                          out, **kw)
 
-    def _op_kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
-                   grid: Union[int, Sequence[int]], block: Union[None, int,
-                                                                 Sequence[int]] = None,
-                   args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-                   shared: int = 0, device: str = "any", **kw: Any) -> TaskFuture:
+    def _op_kernel(self, source: Union[str, bytes, bytearray, memoryview], *tensors: ArrayLike, lang: str,
+                   grid: Integers, block: Optional[Integers] = None,
+                   args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
+                   shared: Integral = 0, device: str = "any", **kw: Any) -> TaskFuture:
         if not isinstance(source, (str, bytes, bytearray, memoryview)):
             raise _errors.InvalidArgument("source: expected a str or bytes, got %s"
                                           % _kind(source))
@@ -5285,18 +5299,18 @@ class Client:
 
     @overload
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
-             trans_b: bool = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+             alpha: Real = ..., beta: Optional[Real] = ..., trans_a: Flag = ...,
+             trans_b: Flag = ..., device: str = ..., out: None = None) -> np.ndarray: ...
 
     @overload
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
-             trans_b: bool = ..., device: str = ..., out: _Out) -> _Out: ...
+             alpha: Real = ..., beta: Optional[Real] = ..., trans_a: Flag = ...,
+             trans_b: Flag = ..., device: str = ..., out: _Out) -> _Out: ...
 
     @_public
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
-             trans_b: bool = False, device: str = "any",
+             alpha: Real = 1.0, beta: Optional[Real] = None, trans_a: Flag = False,
+             trans_b: Flag = False, device: str = "any",
              out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
@@ -5310,15 +5324,15 @@ class Client:
                                         trans_b=trans_b, device=device, out=out))
 
     @overload
-    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+    def fft(self, x: ArrayLike, *, inverse: Flag = ..., device: str = ...,
             out: None = None) -> np.ndarray: ...
 
     @overload
-    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+    def fft(self, x: ArrayLike, *, inverse: Flag = ..., device: str = ...,
             out: _Out) -> _Out: ...
 
     @_public
-    def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
+    def fft(self, x: ArrayLike, *, inverse: Flag = False, device: str = "any",
             out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
         gives numpy.fft.rfft."""
@@ -5354,43 +5368,43 @@ class Client:
 
     @overload
     def reduce(self, x: ArrayLike, fn: str = ...,
-               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               axes: Optional[Integers] = ..., *, device: str = ...,
                out: None = None) -> np.ndarray: ...
 
     @overload
     def reduce(self, x: ArrayLike, fn: str = ...,
-               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               axes: Optional[Integers] = ..., *, device: str = ...,
                out: _Out) -> _Out: ...
 
     @_public
     def reduce(self, x: ArrayLike, fn: str = "sum",
-               axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
+               axes: Optional[Integers] = None, *, device: str = "any",
                out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
         return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
 
     @overload
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-            alpha: float = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+            alpha: Real = ..., device: str = ..., out: None = None) -> np.ndarray: ...
 
     @overload
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-            alpha: float = ..., device: str = ..., out: _Out) -> _Out: ...
+            alpha: Real = ..., device: str = ..., out: _Out) -> _Out: ...
 
     @_public
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-            alpha: float = 1.0, device: str = "any",
+            alpha: Real = 1.0, device: str = "any",
             out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """Elementwise ``fn``: add, sub, mul (a, b), scale (alpha*a), axpy (alpha*a+b),
         abs, exp."""
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
 
     @_public
-    def kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
-               grid: Union[int, Sequence[int]],
-               block: Union[None, int, Sequence[int]] = None,
-               args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-               shared: int = 0, device: str = "any"
+    def kernel(self, source: Union[str, bytes, bytearray, memoryview], *tensors: ArrayLike, lang: str,
+               grid: Integers,
+               block: Optional[Integers] = None,
+               args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
+               shared: Integral = 0, device: str = "any"
                ) -> List[Union[np.ndarray, DeviceArray]]:
         """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
         ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
