@@ -65,6 +65,8 @@ SocketPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 # array.array, mmap.mmap too); the call takes any.
 BytesLike = Union[bytes, bytearray, memoryview, _array.array, mmap.mmap, np.ndarray,
                   np.generic]
+# A kernel's source: text, or bytes (SPIR-V) of any of these types.
+KernelSource = Union[str, bytes, bytearray, memoryview]
 # A real number as the calls take it (alpha, beta, a timeout): numbers.Real, which
 # int, float, fractions.Fraction and numpy's integer and floating scalars (longdouble
 # too) are; float and the numpy classes are named for checkers that do not count them
@@ -5278,7 +5280,7 @@ class Client:
                                        "alpha": _scalar("alpha", alpha, _f32_op("map", a))}, device,
                          out, **kw)
 
-    def _op_kernel(self, source: Union[str, bytes, bytearray, memoryview], *tensors: ArrayLike, lang: str,
+    def _op_kernel(self, source: KernelSource, *tensors: ArrayLike, lang: str,
                    grid: Integers, block: Optional[Integers] = None,
                    args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
                    shared: Integral = 0, device: str = "any", **kw: Any) -> TaskFuture:
@@ -5400,7 +5402,7 @@ class Client:
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
 
     @_public
-    def kernel(self, source: Union[str, bytes, bytearray, memoryview], *tensors: ArrayLike, lang: str,
+    def kernel(self, source: KernelSource, *tensors: ArrayLike, lang: str,
                grid: Integers,
                block: Optional[Integers] = None,
                args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
