@@ -38,7 +38,7 @@ import weakref
 # The C module's socketpair(): its sockets own their descriptors from the start
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Set, Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
@@ -60,8 +60,25 @@ OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (e
 _Out = TypeVar("_Out", "DeviceArray", np.ndarray)
 # A socket path: str, bytes, or a path object giving either.
 SocketPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
-# ping()'s data: any bytes-like object.
-BytesLike = Union[bytes, bytearray, memoryview]
+# ping()'s data: a bytes-like object.  Python 3.11's typing has no type for "any
+# object of the buffer protocol": these are the common ones (a numpy array or scalar,
+# array.array, mmap.mmap too); the call takes any.
+BytesLike = Union[bytes, bytearray, memoryview, _array.array, mmap.mmap, np.ndarray,
+                  np.generic]
+# A kernel's source: text, or bytes (SPIR-V) of any of these types.
+KernelSource = Union[str, bytes, bytearray, memoryview]
+# A real number as the calls take it (alpha, beta, a timeout): numbers.Real, which
+# int, float, fractions.Fraction and numpy's integer and floating scalars (longdouble
+# too) are; float and the numpy classes are named for checkers that do not count them
+# as numbers.Real.
+Real = Union[float, numbers.Real, np.integer, np.floating]
+# An integer: numbers.Integral (int, a numpy integer); not a bool where the call says so.
+Integral = Union[int, numbers.Integral, np.integer]
+# A flag (trans_a, inverse, all): a bool, a numpy bool, or the integer 0 or 1.
+Flag = Union[bool, np.bool_, Integral]
+# A shape, axes, a grid: an integer, or a sequence (any iterable, a 1-D numpy array) of
+# integers.
+Integers = Union[Integral, Iterable[Integral], np.ndarray]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
@@ -676,7 +693,7 @@ def _not_a_socket(path: str) -> str:
 
 @_public
 def connect(socket: Optional[SocketPath] = None, *,
-            name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
+            name: Optional[str] = None, timeout: Optional[Real] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
 
     Args:
@@ -860,6 +877,8 @@ class TaskFuture(concurrent.futures.Future):
     _queued: bool = False
     # How many of its done-callbacks ran (_invoke_callbacks).
     _ran: int = 0
+    # Its request's method (a Timeout or a send error names it).
+    _method: str = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -900,26 +919,43 @@ class TaskFuture(concurrent.futures.Future):
         return _Held(cond)
 
     def _finish(self, result: Any, exception: Optional[BaseException]) -> None:
-        """set_result()/set_exception() as concurrent.futures has them, under _locked()."""
-        with self._locked():
-            if self._state in _DONE_STATES:
-                # Done by an earlier attempt that an interruption may have cut before
-                # it woke the waiters or ran the callbacks: this one does.
-                self._condition.notify_all()
-                if self._ran >= len(self._done_callbacks):
-                    raise concurrent.futures.InvalidStateError(
-                        "{}: {!r}".format(self._state, self))
-            else:
-                if exception is not None:
-                    self._exception = exception
-                else:
-                    self._result = result
-                self._state = _cf.FINISHED
-                try:
-                    self._tell_waiters(exception)
-                finally:
+        """set_result()/set_exception() as concurrent.futures has them, under _locked().
+        The callbacks run in a ``finally`` tried twice, by the call that changed the
+        state: an interruption (a signal handler's KeyboardInterrupt, on the main
+        thread) that lands after the state changed, or as the first attempt starts,
+        leaves none unrun.  A future done already has its callbacks run once more
+        only on the main thread (a settle once more after an attempt cut twice);
+        another thread's attempt is never cut, and running them beside it ran the
+        callbacks twice."""
+        mine = False
+        try:
+            with self._locked():
+                if self._state in _DONE_STATES:
+                    # Done by an earlier attempt that an interruption may have cut
+                    # before it woke the waiters or ran the callbacks: this one does.
                     self._condition.notify_all()
-        self._invoke_callbacks()
+                    if self._ran >= len(self._done_callbacks) or not _on_main():
+                        raise concurrent.futures.InvalidStateError(
+                            "{}: {!r}".format(self._state, self))
+                    mine = True
+                else:
+                    mine = True  # (before the state: no call in between)
+                    if exception is not None:
+                        self._exception = exception
+                    else:
+                        self._result = result
+                    self._state = _cf.FINISHED
+                    try:
+                        self._tell_waiters(exception)
+                    finally:
+                        self._condition.notify_all()
+        finally:
+            if mine:
+                try:
+                    self._invoke_callbacks()
+                except BaseException:  # noqa: B036 - an interruption: once more, then on
+                    self._invoke_callbacks()
+                    raise
 
     def _tell_waiters(self, exception: Optional[BaseException]) -> None:
         """Tells the waiters of concurrent.futures.wait()/as_completed() (under the
@@ -932,19 +968,29 @@ class TaskFuture(concurrent.futures.Future):
                     waiter.add_result(self)
 
     def _invoke_callbacks(self) -> None:
-        """Runs the done-callbacks not run yet, in order, each taken as run once it
-        returned: an interruption before that (KeyboardInterrupt on the main thread)
-        leaves it to the next attempt to settle the future (Client._run_ready tries
-        again), rather than never.  What a callback raises as an Exception is logged,
-        as concurrent.futures does."""
+        """Runs the done-callbacks not run yet of a done future (nothing while it is
+        pending), in order, each taken as run once it returned: an interruption
+        before that (KeyboardInterrupt on the main thread) leaves it to the next
+        attempt (the ``finally`` of _finish and _cancel, Client._run_ready), rather
+        than never.  Two threads may run them at once (the main thread's cancel() or
+        its settle once more, and the thread reading the answer): ``_ran`` is only
+        ever set past a callback that ran, so none is skipped, and one may run twice
+        here: a user's callback is posted once per attempt and runs once all the
+        same (add_done_callback), the client's own settle what is settled already,
+        which does nothing.  What a callback raises as an Exception is logged, as
+        concurrent.futures does."""
+        if self._state not in _DONE_STATES:
+            return  # an interruption came before the state changed
         callbacks = self._done_callbacks
-        while self._ran < len(callbacks):
-            fn = callbacks[self._ran]
+        while True:
+            i = self._ran
+            if i >= len(callbacks):
+                return
             try:
-                fn(self)
+                callbacks[i](self)
             except Exception:
                 _cf.LOGGER.exception("exception calling callback for %r", self)
-            self._ran += 1
+            self._ran = i + 1
 
     def set_result(self, result: Any) -> None:
         """As concurrent.futures.Future's (used by the client's threads)."""
@@ -1064,12 +1110,14 @@ class TaskFuture(concurrent.futures.Future):
             self._add_callback(fn)
             return
 
+        once = _thread.allocate_lock()  # taken by the one run of fn (_run_once)
+
         def posted(f: "concurrent.futures.Future[Any]") -> None:
             client = owner()
             if client is None:  # no client left to run it: run here, as before
-                _run_callback(fn, f)
+                _run_once(once, fn, f)
             else:
-                client._post(_run_callback, (fn, f))
+                client._post(_run_once, (once, fn, f))
 
         self._add_callback(posted)
 
@@ -1123,28 +1171,46 @@ class TaskFuture(concurrent.futures.Future):
             canceled = self._cancel()
         finally:
             # Also when an interruption came after the state changed: the waiters of
-            # wait()/as_completed() are told in any case.
-            if self.cancelled():
-                try:
-                    self.set_running_or_notify_cancel()  # False: canceled, waiters told
-                except RuntimeError:
-                    pass  # told already (another cancel() of it)
+            # wait()/as_completed() are told in any case (once more where an
+            # interruption cuts the first attempt).
+            try:
+                self._notify_canceled()
+            except BaseException:  # noqa: B036
+                self._notify_canceled()
+                raise
         return canceled
 
+    def _notify_canceled(self) -> None:
+        if self.cancelled():
+            try:
+                self.set_running_or_notify_cancel()  # False: canceled, waiters told
+            except RuntimeError:
+                pass  # told already (another cancel() of it)
+
     def _cancel(self) -> bool:
-        """concurrent.futures.Future.cancel, under _locked()."""
-        with self._locked():
-            if self._state in (_cf.RUNNING, _cf.FINISHED):
-                return False
-            if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
-                return True
-            self._state = _cf.CANCELLED
-            self._condition.notify_all()
-        self._invoke_callbacks()
-        return True
+        """concurrent.futures.Future.cancel, under _locked(); the callbacks run as in
+        _finish (a ``finally`` tried twice, by the call that changed the state)."""
+        mine = False
+        try:
+            with self._locked():
+                if self._state in (_cf.RUNNING, _cf.FINISHED):
+                    return False
+                if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
+                    return True
+                mine = True  # (before the state: no call in between)
+                self._state = _cf.CANCELLED
+                self._condition.notify_all()
+            return True
+        finally:
+            if mine:
+                try:
+                    self._invoke_callbacks()
+                except BaseException:  # noqa: B036 - an interruption: once more, then on
+                    self._invoke_callbacks()
+                    raise
 
     @_untraced
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: Optional[Real] = None) -> Any:
         """As concurrent.futures.Future's; the wait is outside the future's lock (see
         _wait_done), which is then taken for the result only.  A timeout that is not
         None or a real number is a TypeError, NaN a ValueError, as the wait of
@@ -1155,7 +1221,7 @@ class TaskFuture(concurrent.futures.Future):
         return super().result(0)
 
     @_untraced
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+    def exception(self, timeout: Optional[Real] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
         if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
             raise concurrent.futures.TimeoutError()
@@ -1186,6 +1252,16 @@ def _check_wait_timeout(timeout: Any) -> Optional[float]:
     if f != f:  # NaN by float() of a real type that compares as a number
         raise ValueError("timeout: NaN is not a number of seconds")
     return None if f > _TIMEOUT_FOREVER else max(f, 0.0)
+
+
+def _run_once(once: Any, fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
+    """Runs a user's done-callback unless it ran already: it is posted by every
+    attempt to run the future's callbacks that got that far (two threads settling
+    the future at once, or an attempt cut by an interruption after the post and run
+    again), and ``once`` (a lock, taken by C code in one step) lets only the first
+    of those posts run it."""
+    if once.acquire(False):
+        _run_callback(fn, fut)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
@@ -2235,7 +2311,7 @@ class Client:
     may call it at once; each call waits only for its own answer."""
 
     def __init__(self, socket: Optional[SocketPath] = None, *,
-                 name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+                 name: Optional[str] = None, timeout: Optional[Real] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
         if socket is not None and not isinstance(socket, (str, bytes)):
@@ -2441,7 +2517,18 @@ class Client:
         job = self._env_job
         if job:
             params["job"] = job     # the Slurm job this process runs in
-        hello = self._call("hello", params, _decode_hello)  # failing: _abandon
+        try:
+            hello = self._call("hello", params, _decode_hello)  # failing: _abandon
+        except Error as e:
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
+            # Named as connect()'s (a Timeout of a stopped daemon, a malformed answer),
+            # the socket too.
+            raise _errors.error_from({
+                "code": e.code, "name": e.name,
+                "message": ("connect(): " if self._socket_path in e.message else
+                            "connect() to dspkd at %s: " % self._socket_path)
+                + e.message}) from None
         self._name = name
         self._daemon_version: str = hello[0]
         self._client_id: int = hello[1]
@@ -2620,7 +2707,7 @@ class Client:
         return self._timeout
 
     @timeout.setter
-    def timeout(self, value: Any) -> None:
+    def timeout(self, value: Optional[Real]) -> None:
         self._timeout = _check_timeout(value)
 
     @property
@@ -2631,7 +2718,7 @@ class Client:
         return self._shared_threshold
 
     @shared_threshold.setter
-    def shared_threshold(self, value: Any) -> None:
+    def shared_threshold(self, value: Integral) -> None:
         v = _integer("shared_threshold", value)
         if v < 0:
             raise _errors.InvalidArgument("shared_threshold: %d bytes (want 0 or more; "
@@ -2723,8 +2810,9 @@ class Client:
             try:
                 sl.claim(token, deadline, gone=self._gone)
             except _SendWaitTimeout:
-                raise _errors.Timeout("could not send a request within %gs (the daemon "
-                                      "reads no more)" % self.timeout) from None
+                raise _errors.Timeout("%s: could not send the request within %gs (the "
+                                      "daemon reads no more)" % (self._request_at(mark),
+                                                                 self.timeout)) from None
             if self._closed is not None:
                 raise self._closed_error()
             # The frees owed first (shared arrays collected since the last request):
@@ -2789,7 +2877,7 @@ class Client:
                 if n < 0:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
-                        self._send_timed_out(sent)
+                        self._send_timed_out(sent, mark)
                     # poll(), not select(): no FD_SETSIZE limit on the descriptors.
                     p = select.poll()
                     p.register(self._sock, select.POLLOUT)
@@ -2974,7 +3062,7 @@ class Client:
                 pass
         return True
 
-    def _send_timed_out(self, sent: int) -> None:
+    def _send_timed_out(self, sent: int, mark: Optional[TaskFuture] = None) -> None:
         """The timeout ran out while sending: dspk.Timeout.  With part of the request
         written, the stream cannot carry another message: the connection is closed
         (later calls raise dspk.Closed); with nothing written it stays."""
@@ -2982,9 +3070,10 @@ class Client:
             self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-        raise _errors.Timeout("could not send a request within %gs (the daemon reads no "
-                              "more)%s" % (self.timeout, "; the connection is closed"
-                                           if sent else ""))
+        raise _errors.Timeout("%s: could not send the request within %gs (the daemon "
+                              "reads no more)%s" % (self._request_at(mark), self.timeout,
+                                                    "; the connection is closed"
+                                                    if sent else ""))
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -3005,6 +3094,8 @@ class Client:
         self._after_jobs(method)
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
+        fut._method = "task.run " + args["op"] if method == "task.run" and \
+            isinstance(args, Mapping) and isinstance(args.get("op"), str) else method
         if owner is not None:
             owner += [fut]
         # The request's entries (its _Call, its direct read, its count of pending
@@ -3237,8 +3328,18 @@ class Client:
         if not self._pump_until(fut, deadline):
             raise concurrent.futures.TimeoutError()
 
+    def _request_at(self, fut: Optional[TaskFuture]) -> str:
+        """What a client-side error names: the request's method and id, and the
+        daemon's socket (``"ping (request 4) to dspkd at /run/dspk.sock"``)."""
+        method = getattr(fut, "_method", "")
+        msgid = getattr(fut, "msgid", 0)
+        what = "%s (request %d)" % (method, msgid) if method and msgid else \
+            method or ("request %d" % msgid if msgid else "a request")
+        return "%s to dspkd at %s" % (what, self._socket_path)
+
     def _timed_out(self, fut: TaskFuture) -> None:
-        raise _errors.Timeout("no answer to request %d within %gs" % (fut.msgid, self.timeout))
+        raise _errors.Timeout("%s: no answer within %gs" % (self._request_at(fut),
+                                                             self.timeout))
 
     def _read_once(self, wait: Optional[float] = None) -> None:
         """Reads what the socket has, waiting at most ``wait`` seconds (None: for ever)
@@ -3711,6 +3812,14 @@ class Client:
             self._async = 0
             err = self._closed
             self._cond.notify_all()
+        try:
+            self._settle_calls(calls, err)
+        except BaseException:  # noqa: B036 - an interruption: every call once more
+            self._settle_calls(calls, err)  # (a settled one: nothing)
+            raise
+
+    def _settle_calls(self, calls: List["_Call"], err: Optional[Error]) -> None:
+        """Fails the futures of ``calls`` (taken off _pending) with ``err``."""
         for call in calls:
             self._settle(call.future, exc=_errors.error_from(
                 {"code": err.code, "name": err.name, "message": err.message}
@@ -4015,8 +4124,8 @@ class Client:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise _errors.Timeout(
-                        "%s: the submit()s made before it were not sent within %gs"
-                        % (method, self.timeout))
+                        "%s to dspkd at %s: the submit()s made before it were not sent "
+                        "within %gs" % (method, self._socket_path, self.timeout))
                 _wait_in(self._work_cond, _SEND_RECHECK if left is None
                          else min(left, _SEND_RECHECK))
 
@@ -4042,7 +4151,7 @@ class Client:
         return dt
 
     @_public
-    def devices(self, all: bool = False) -> List[Dict[str, Any]]:
+    def devices(self, all: Flag = False) -> List[Dict[str, Any]]:
         """The daemon's devices (``{id, backend, name, type, arch, driver, uuid, memory,
         max_tensor_bytes, software, ops, kernel_langs}``, docs/protocol.md):
         ``max_tensor_bytes`` is the largest operand or result a task on the device can
@@ -4112,13 +4221,13 @@ class Client:
         claim.ref.handed = True  # type: ignore[union-attr]  # no call: see _Claim
         return d
 
-    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+    def empty(self, shape: Integers, dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
         return self._handing(self._empty, shape, dtype, device)
 
     @_errors_as_dspk
-    def _empty(self, shape: Union[int, Sequence[int]], dtype: Any, device: str,
+    def _empty(self, shape: Integers, dtype: Any, device: str,
                claim: _Claim, deadline: Any = _EACH) -> DeviceArray:
         """empty(), its buffer owned by ``claim`` (the caller's) until handed over."""
         device = _device(device)
@@ -4166,7 +4275,7 @@ class Client:
         return d
 
     @_public
-    def empty_shared(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+    def empty_shared(self, shape: Integers, dtype: Any = np.float32,
                      device: str = "cpu:0") -> np.ndarray:
         """An uninitialised numpy array in memory shared with the daemon.
 
@@ -5117,8 +5226,8 @@ class Client:
     # methods wait for it, submit() hands it out.
 
     def _op_gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-                 alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
-                 trans_b: bool = False, device: str = "any",
+                 alpha: Real = 1.0, beta: Optional[Real] = None, trans_a: Flag = False,
+                 trans_b: Flag = False, device: str = "any",
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
         # beta as dspk-submit's --beta (cli.md): 1 when c is given, 0 without; a
@@ -5138,7 +5247,7 @@ class Client:
                 "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
-    def _op_fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
+    def _op_fft(self, x: ArrayLike, *, inverse: Flag = False, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         return self._run("fft", [x], {"inverse": _flag("inverse", inverse)}, device, out, **kw)
 
@@ -5153,7 +5262,7 @@ class Client:
                          **kw)
 
     def _op_reduce(self, x: ArrayLike, fn: str = "sum",
-                   axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
+                   axes: Optional[Integers] = None, *, device: str = "any",
                    out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         opts: Dict[str, Any] = {"fn": _string("fn", fn)}
         if axes is not None:
@@ -5164,18 +5273,17 @@ class Client:
         return self._run("reduce", [x], opts, device, out, **kw)
 
     def _op_map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-                alpha: float = 1.0, device: str = "any",
+                alpha: Real = 1.0, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a] + ([b] if b is not None else [])
         return self._run("map", inputs, {"fn": _string("fn", fn),
                                        "alpha": _scalar("alpha", alpha, _f32_op("map", a))}, device,
                          out, **kw)
 
-    def _op_kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
-                   grid: Union[int, Sequence[int]], block: Union[None, int,
-                                                                 Sequence[int]] = None,
-                   args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-                   shared: int = 0, device: str = "any", **kw: Any) -> TaskFuture:
+    def _op_kernel(self, source: KernelSource, *tensors: ArrayLike, lang: str,
+                   grid: Integers, block: Optional[Integers] = None,
+                   args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
+                   shared: Integral = 0, device: str = "any", **kw: Any) -> TaskFuture:
         if not isinstance(source, (str, bytes, bytearray, memoryview)):
             raise _errors.InvalidArgument("source: expected a str or bytes, got %s"
                                           % _kind(source))
@@ -5193,18 +5301,18 @@ class Client:
 
     @overload
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
-             trans_b: bool = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+             alpha: Real = ..., beta: Optional[Real] = ..., trans_a: Flag = ...,
+             trans_b: Flag = ..., device: str = ..., out: None = None) -> np.ndarray: ...
 
     @overload
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
-             trans_b: bool = ..., device: str = ..., out: _Out) -> _Out: ...
+             alpha: Real = ..., beta: Optional[Real] = ..., trans_a: Flag = ...,
+             trans_b: Flag = ..., device: str = ..., out: _Out) -> _Out: ...
 
     @_public
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
-             trans_b: bool = False, device: str = "any",
+             alpha: Real = 1.0, beta: Optional[Real] = None, trans_a: Flag = False,
+             trans_b: Flag = False, device: str = "any",
              out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
@@ -5218,15 +5326,15 @@ class Client:
                                         trans_b=trans_b, device=device, out=out))
 
     @overload
-    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+    def fft(self, x: ArrayLike, *, inverse: Flag = ..., device: str = ...,
             out: None = None) -> np.ndarray: ...
 
     @overload
-    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+    def fft(self, x: ArrayLike, *, inverse: Flag = ..., device: str = ...,
             out: _Out) -> _Out: ...
 
     @_public
-    def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
+    def fft(self, x: ArrayLike, *, inverse: Flag = False, device: str = "any",
             out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
         gives numpy.fft.rfft."""
@@ -5262,43 +5370,43 @@ class Client:
 
     @overload
     def reduce(self, x: ArrayLike, fn: str = ...,
-               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               axes: Optional[Integers] = ..., *, device: str = ...,
                out: None = None) -> np.ndarray: ...
 
     @overload
     def reduce(self, x: ArrayLike, fn: str = ...,
-               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               axes: Optional[Integers] = ..., *, device: str = ...,
                out: _Out) -> _Out: ...
 
     @_public
     def reduce(self, x: ArrayLike, fn: str = "sum",
-               axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
+               axes: Optional[Integers] = None, *, device: str = "any",
                out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
         return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
 
     @overload
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-            alpha: float = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+            alpha: Real = ..., device: str = ..., out: None = None) -> np.ndarray: ...
 
     @overload
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-            alpha: float = ..., device: str = ..., out: _Out) -> _Out: ...
+            alpha: Real = ..., device: str = ..., out: _Out) -> _Out: ...
 
     @_public
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
-            alpha: float = 1.0, device: str = "any",
+            alpha: Real = 1.0, device: str = "any",
             out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """Elementwise ``fn``: add, sub, mul (a, b), scale (alpha*a), axpy (alpha*a+b),
         abs, exp."""
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
 
     @_public
-    def kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
-               grid: Union[int, Sequence[int]],
-               block: Union[None, int, Sequence[int]] = None,
-               args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-               shared: int = 0, device: str = "any"
+    def kernel(self, source: KernelSource, *tensors: ArrayLike, lang: str,
+               grid: Integers,
+               block: Optional[Integers] = None,
+               args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
+               shared: Integral = 0, device: str = "any"
                ) -> List[Union[np.ndarray, DeviceArray]]:
         """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
         ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,

@@ -5,6 +5,7 @@ a bad call), raised before anything is sent; the connection stays usable."""
 from __future__ import annotations
 
 import fractions
+import inspect
 import math
 import numbers
 import os
@@ -758,7 +759,9 @@ def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
     os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        with pytest.raises(dspk.Timeout, match="could not send a request within 1s"):
+        with pytest.raises(dspk.Timeout, match=r"^ETIMEDOUT: task.run reduce \(request \d+\) to "
+                           r"dspkd at %s: could not send the request within 1s"
+                           % re.escape(fresh_daemon.socket)):
             c.reduce(x)
         assert time.monotonic() - t0 < 10
         t0 = time.monotonic()
@@ -772,6 +775,31 @@ def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
     c.close()
     with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
         assert c2.reduce(x) == x.size
+
+
+def test_a_timeout_names_the_call_and_the_socket(fresh_daemon):
+    """dspk.Timeout said only "no answer to request 4 within 1s": neither the call nor
+    the socket, and from connect() not that it was connecting (probe 16 C, defect 3).
+    Now each names the request's method (a task.run its op) and id, and the daemon's
+    socket; connect()'s says it is connect()'s."""
+    import signal
+    sock = re.escape(fresh_daemon.socket)
+    c = dspk.connect(fresh_daemon.socket, timeout=1.0)
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        for call, what in [(c.ping, "ping"), (c.status, "status"),
+                           (lambda: c.empty(4), "buffer.create"),
+                           (lambda: c.reduce(np.ones(4)), "task.run reduce")]:
+            with pytest.raises(dspk.Timeout, match=r"^ETIMEDOUT: %s \(request \d+\) to "
+                               r"dspkd at %s: no answer within 1s$" % (re.escape(what), sock)):
+                call()
+        with pytest.raises(dspk.Timeout, match=r"^ETIMEDOUT: connect\(\): hello \(request 1\) "
+                           r"to dspkd at %s: no answer within 0.5s$" % sock):
+            dspk.connect(fresh_daemon.socket, timeout=0.5)
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    assert c.ping() > 0
+    c.close()
 
 
 def test_timeout_bounds_connecting(tmp_path):
@@ -1165,3 +1193,107 @@ def test_type_hints_are_those_of_the_runtime():
         assert {getattr(t, "__forward_arg__", t) for t in given["out"].__constraints__} \
             == {np.ndarray, "DeviceArray"}, op
     assert os.path.exists(os.path.join(os.path.dirname(dspk.__file__), "py.typed"))
+
+
+def _fits(value, hint):
+    """Whether ``value`` is of the type ``hint`` (what typing.get_type_hints gives: a
+    class, Any, a Union, a TypeVar, Iterable[...] or Sequence[...], a Callable)."""
+    import collections.abc
+    if hint is typing.Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if isinstance(hint, typing.TypeVar):
+        return any(_fits(value, c) for c in hint.__constraints__) if hint.__constraints__ \
+            else True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(_fits(value, a) for a in args)
+    if origin in (collections.abc.Iterable, collections.abc.Sequence):
+        return isinstance(value, origin) and all(_fits(x, args[0]) for x in value)
+    if origin in (collections.abc.Mapping, dict):
+        return isinstance(value, origin)
+    if origin is collections.abc.Callable:
+        return callable(value)
+    if origin is not None:
+        return isinstance(value, origin)
+    if isinstance(hint, typing.ForwardRef):
+        hint = getattr(dspk, hint.__forward_arg__)
+    if hint is float:  # PEP 484's numeric tower: an int is taken for a float
+        return isinstance(value, (int, float))
+    return isinstance(value, hint)
+
+
+def test_the_hints_take_what_the_calls_take(daemon, client):
+    """alpha/beta were hinted float (refusing numpy.float32, Fraction, longdouble: the
+    calls take any numbers.Real), timeouts Optional[float], trans_a/inverse bool (numpy
+    bools, 0 and 1 work), axes and shape int or Sequence[int] (a numpy integer or 1-D
+    array works), ping's data bytes, bytearray or memoryview (a numpy array works)
+    (probe 16 C, defect 2).  Each value here is taken by the call, which runs it, and
+    fits the hint of its parameter, in the implementation's signature and in every
+    overload's; and every parameter of every public function has a hint."""
+    import array
+    import fractions as fr
+    reals = [2, 2.0, np.float32(2), np.float16(2), np.longdouble(2), fr.Fraction(2),
+             np.int64(2), np.uint8(2)]
+    flags = [True, False, np.True_, np.False_, 0, 1, np.int8(1)]
+    a = np.ones((2, 2), np.float32)
+    cases = []  # (function, parameter, value, the call with it)
+    for v in reals:
+        cases.append((dspk.Client.gemm, "alpha", v, lambda v=v: client.gemm(a, a, alpha=v)))
+        cases.append((dspk.Client.gemm, "beta", v, lambda v=v: client.gemm(a, a, a, beta=v)))
+        cases.append((dspk.Client.map, "alpha", v,
+                      lambda v=v: client.map("scale", a, alpha=v)))
+        cases.append((dspk.TaskFuture.result, "timeout", v,
+                      lambda v=v: client.submit("reduce", a).result(v)))
+        cases.append((dspk.TaskFuture.exception, "timeout", v,
+                      lambda v=v: client.submit("reduce", a).exception(v)))
+        cases.append((dspk.connect, "timeout", v,
+                      lambda v=v: dspk.connect(daemon.socket, timeout=v).close()))
+    for v in flags:
+        cases.append((dspk.Client.gemm, "trans_a", v, lambda v=v: client.gemm(a, a, trans_a=v)))
+        cases.append((dspk.Client.gemm, "trans_b", v, lambda v=v: client.gemm(a, a, trans_b=v)))
+        cases.append((dspk.Client.fft, "inverse", v,
+                      lambda v=v: client.fft(np.ones(4, np.complex64), inverse=v)))
+        cases.append((dspk.Client.devices, "all", v, lambda v=v: client.devices(all=v)))
+    for v in [0, np.int64(1), [0, 1], (np.int32(0),), np.array([0, 1]), range(2)]:
+        cases.append((dspk.Client.reduce, "axes", v, lambda v=v: client.reduce(a, "sum", v)))
+    for v in [3, np.int64(3), [2, 3], (2, np.uint16(3)), np.array([2, 3]), range(1, 3)]:
+        cases.append((dspk.Client.empty, "shape", v, lambda v=v: client.empty(v).free()))
+        cases.append((dspk.Client.empty_shared, "shape", v, lambda v=v: client.empty_shared(v)))
+    for v in [b"ab", bytearray(b"ab"), memoryview(b"ab"), np.arange(3, dtype=np.uint8),
+              array.array("i", [1, 2]), np.float64(1.5)]:
+        cases.append((dspk.Client.ping, "data", v, lambda v=v: client.ping(v)))
+    for v in [1, np.int64(1 << 20)]:
+        def setting(v=v):
+            old = client.shared_threshold
+            client.shared_threshold = v
+            client.shared_threshold = old
+        cases.append((dspk.Client.shared_threshold.fset, "value", v, setting))
+    for v in reals[:6]:
+        def timing(v=v):
+            old = client.timeout
+            client.timeout = v
+            client.timeout = old
+        cases.append((dspk.Client.timeout.fset, "value", v, timing))
+    for fn, name, v, call in cases:
+        call()  # taken
+        hints = [typing.get_type_hints(fn)]
+        hints += [typing.get_type_hints(o) for o in typing.get_overloads(fn)]
+        for h in hints:
+            assert _fits(v, h[name]), (fn.__qualname__, name, v, h[name])
+    # Every public parameter hinted (the hint resolves: no undefined name).
+    public = [dspk.connect, dspk.default_socket]
+    for cls in (dspk.Client, dspk.TaskFuture, dspk.DeviceArray):
+        for attr, obj in vars(cls).items():
+            if attr.startswith("_") and attr != "__init__":
+                continue
+            if isinstance(obj, property):
+                public += [f for f in (obj.fget, obj.fset) if f is not None]
+            elif callable(obj):
+                public.append(obj)
+    for fn in public:
+        hints = typing.get_type_hints(fn)
+        for p in list(inspect.signature(fn).parameters.values())[1:] if \
+                "." in fn.__qualname__ else inspect.signature(fn).parameters.values():
+            assert p.name in hints, (fn.__qualname__, p.name)

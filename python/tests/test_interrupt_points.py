@@ -836,6 +836,111 @@ def test_an_interrupted_worker_submit_and_its_wait_leave_the_next_ones_going(
     c.close()
 
 
+@pytest.mark.parametrize("call", ["cancel", "client.cancel", "close"])
+def test_an_interruption_as_a_future_is_canceled_or_closed_runs_its_callbacks_once(
+        small_daemon, call):
+    """An interruption inside TaskFuture.cancel(), Client.cancel(f) or close(), the
+    calls that complete a future on the calling thread, landing after the future's
+    state changed and before its done-callbacks were handed on, left the future done
+    and its callbacks never run (probe 16 C, defect 1); a settle once more beside the
+    thread completing the future ran a callback twice (probe 16 C's observation).  Now
+    the call that changes the state runs the callbacks in a ``finally`` tried twice,
+    and a user's callback runs once however often it is posted.  At every point of the
+    client's code and of concurrent.futures' in turn, on a pending submit() of the
+    worker: the interruption propagates or the call completes, and the future's
+    done-callback runs exactly once (a later future's callback, queued after it on the
+    same thread, has run when it is counted)."""
+    import concurrent.futures._base as cf
+    x = np.ones(20000, np.complex64)  # a 160 KB fft result on a 64K daemon: worker
+    c = dspk.connect(small_daemon.socket, timeout=TIMEOUT)
+    hit = 0
+    for n in range(100000):
+        if c.closed:
+            c = dspk.connect(small_daemon.socket, timeout=TIMEOUT)
+        f = c.submit("fft", x)
+        ran = []
+        once = threading.Event()
+
+        def counted(fut, ran=ran, once=once):
+            ran.append(fut)
+            once.set()
+
+        f.add_done_callback(counted)
+        prof, seen = _interrupt_in_files(n, {CLIENT_FILE, cf.__file__})
+        sys.setprofile(prof)
+        try:
+            if call == "cancel":
+                f.cancel()
+            elif call == "client.cancel":
+                c.cancel(f)
+            else:
+                c.close()
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # an answer was cut
+        finally:
+            sys.setprofile(None)
+        if not f.done():  # the interruption came before the call changed anything
+            f.cancel()
+        f.exception(TIMEOUT) if not f.cancelled() else None
+        assert once.wait(TIMEOUT), ("the done-callback never ran", n, seen[1:])
+        if c.closed:
+            c = dspk.connect(small_daemon.socket, timeout=TIMEOUT)
+        # A later future's callback, posted after any second post of the first one.
+        g = c.submit("reduce", np.ones(4))
+        after = threading.Event()
+        g.add_done_callback(lambda fut: after.set())
+        assert g.result(TIMEOUT) == 4
+        assert after.wait(TIMEOUT)
+        assert len(ran) == 1, ("the done-callback ran %d times" % len(ran), n, seen[1:])
+        if seen[0] <= n:
+            break
+    assert hit > 10, hit
+    c.close()
+
+
+def test_a_settle_once_more_beside_the_completing_thread_runs_a_callback_once(client):
+    """The main thread's settle once more of a future (done, its callbacks not all run
+    yet) while another thread was still running that future's callbacks ran them
+    beside it from the same point: a user's done-callback was posted by both and ran
+    twice (probe 16 C's observation, after a connection closed mid-answer).  Now each
+    user's callback runs once however often it is posted: the other thread is held
+    right after it posted the callback (before it counts it as run), the main thread
+    settles the future once more, then the other thread goes on."""
+    import weakref
+    f = dspk.TaskFuture()
+    f._owner = weakref.ref(client)
+    main = threading.current_thread()
+    entered, gate = threading.Event(), threading.Event()
+    post = client._post
+
+    def held_post(fn, args):
+        post(fn, args)
+        if threading.current_thread() is not main and not entered.is_set():
+            entered.set()
+            gate.wait(TIMEOUT)
+
+    ran = []
+    f.add_done_callback(ran.append)
+    client._post = held_post
+    try:
+        t = threading.Thread(target=client._settle, args=(f, 1))
+        t.start()
+        assert entered.wait(TIMEOUT)
+        client._settle(f, 2)  # the main thread's settle once more (no change of value)
+        gate.set()
+        t.join(TIMEOUT)
+        assert not t.is_alive()
+    finally:
+        gate.set()
+        client._post = post
+    flushed = threading.Event()
+    client._post(flushed.set, ())  # behind every post of the callback
+    assert flushed.wait(TIMEOUT)
+    assert ran == [f] and f.result(0) == 1
+
+
 def test_an_interrupted_submit_leaves_no_reader_reading_for_ever(daemon):
     """submit() registered its request (its pending call, the count of submit() futures
     pending that keeps the reader thread reading) in a block before the ``try`` that
