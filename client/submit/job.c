@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "client/submit/submit.h"
+#include "proto/units.h"
 
 #define MAX_UUIDS 64
 
@@ -140,6 +141,14 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
                                     "UUID,UUID,...; one UUID an item)", dspk__sub_arg(devs),
                                (int)n + 1, dspk__sub_arg(t));
       t[len] = '\0';
+      /* The daemon's rule (proto/units.c), checked before connecting: a
+       * value that is no UUID is a bad command line, as a bad --job is. */
+      char digits[DSPK__UUID_LEN], why[64];
+      if (dspk__uuid_parse(t, len, digits, why, sizeof why) != 0)
+        return dspk__sub_usage(ctx, "--devices '%s': item %d '%s' is not a device UUID (want "
+                                    "hex digits and dashes, after an optional GPU- prefix): "
+                                    "%s", dspk__sub_arg(devs), (int)n + 1, dspk__sub_arg(t),
+                               why);
       if (n == MAX_UUIDS)
         return dspk__sub_usage(ctx, "--devices: at most %d UUIDs", MAX_UUIDS);
       uuids[n++] = t;

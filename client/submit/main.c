@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "client/submit/submit.h"
+#include "proto/sockpath.h"
 #include "proto/units.h"
 
 #define PROG "dspk-submit"
@@ -616,16 +617,6 @@ size_t dspk__sub_shared_threshold(void) {
   return 0;
 }
 
-/* What a path that is there but no socket is, for the ECONNECT hint. */
-static const char *file_kind(mode_t m) {
-  return S_ISDIR(m)    ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISREG(m)  ? "a regular file"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-                       : "a file of another kind";
-}
-
 static const char *owner_name(uid_t uid, char *buf, size_t cap) {
   struct passwd *pw = getpwuid(uid);
   if (pw != NULL)
@@ -762,8 +753,9 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     struct stat st;
     if (why == NULL || why[0] == '\0')
       why = dspk_strerror(rc);
-    /* The library says "connect to PATH: reason"; PATH is named once. */
-    snprintf(pre, sizeof pre, "connect to %s: ", shown);
+    /* The library says "connect to PATH: reason", PATH shown as
+     * dspk__sub_arg shows it; PATH is named once. */
+    snprintf(pre, sizeof pre, "connect to %s: ", dspk__sub_arg(shown));
     if (strncmp(why, pre, strlen(pre)) == 0)
       why += strlen(pre);
     /* A path the library was given: it came from --socket (cli.md). */
@@ -777,9 +769,15 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     if ((rc == DSPK_ECONNECT || (rc == DSPK_EPERM && strstr(why, "allow_") == NULL)) &&
         stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on (EPERM
-       * too, where this user may not write it: no mode would help). */
-      snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
-               "$DSPK_SOCKET", dspk__sub_arg(shown), file_kind(st.st_mode));
+       * too, where this user may not write it: no mode would help).  The
+       * library names it so already for ECONNECT, in the words of
+       * proto/sockpath.h; this line uses the same ones otherwise. */
+      char ns[600];
+      dspk__not_socket(ns, sizeof ns, shown, strlen(shown), st.st_mode);
+      if (strcmp(why, ns) == 0)
+        snprintf(hint, sizeof hint, ": check --socket and $DSPK_SOCKET");
+      else
+        snprintf(hint, sizeof hint, "; %s: check --socket and $DSPK_SOCKET", ns);
     } else if (rc == DSPK_ECONNECT) {
       snprintf(hint, sizeof hint,
                "; is dspkd running? See 'systemctl status dspkd.socket "

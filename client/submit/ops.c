@@ -23,6 +23,7 @@
 #include "client/submit/npy.h"
 #include "client/submit/numfmt.h"
 #include "client/submit/submit.h"
+#include "proto/utf8.h"
 
 /* Option ids beyond the printable short options. */
 enum {
@@ -806,11 +807,12 @@ static const char *subscripts_error(const char *s, char *why, size_t cap) {
     } else if (c == '.') {
       return "an ellipsis (...) is not supported";
     } else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) {
-      if (c > ' ' && c < 0x7f)
-        snprintf(why, cap, "'%c' is not a letter (labels are a-z, A-Z)", c);
-      else
-        snprintf(why, cap, "byte %zu (0x%02x) is not a letter (labels are a-z, A-Z)", i + 1,
-                 (unsigned char)c);
+      /* The whole character, named as the daemon and the library name it
+       * (protocol.md, "Errors"; dspk__utf8_char_name): "'+'", "'é'
+       * (U+00E9)", "U+200B", "byte 0xff". */
+      char cn[32];
+      snprintf(why, cap, "%s is not a letter (labels are a-z, A-Z)",
+               dspk__utf8_char_name(cn, sizeof cn, s + i, strlen(s + i)));
       return why;
     } else if (n[term] == DSPK_MAX_RANK) {
       snprintf(why, cap, "the %s term has more than %d labels", names[term], DSPK_MAX_RANK);
