@@ -51,9 +51,9 @@ static const struct option register_opts[] = {{"job", required_argument, NULL, '
                                               DSPK__SUB_OPTS_END};
 static const struct option end_opts[] = {{"job", required_argument, NULL, 'J'},
                                          DSPK__SUB_OPTS_END};
-const dspk__sub_optset dspk__sub_job_optsets[] = {{"job register", ":h", register_opts},
-                                                  {"job end", ":h", end_opts},
-                                                  {NULL, NULL, NULL}};
+const dspk__sub_optset dspk__sub_job_optsets[] = {{"job register", ":h", register_opts, NULL, NULL, NULL},
+                                                  {"job end", ":h", end_opts, NULL, NULL, NULL},
+                                                  {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");

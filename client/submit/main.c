@@ -923,13 +923,13 @@ static const struct option global_opts[] = {{"socket", required_argument, NULL, 
                                             {NULL, 0, NULL, 0}};
 #define GLOBAL_WHO PROG " before COMMAND"
 #define BEFORE_SUB "before SUBCOMMAND"
-static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts},
-                                                  {NULL, NULL, NULL}};
+static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts, NULL, NULL, NULL},
+                                                  {NULL, NULL, NULL, NULL, NULL, NULL}};
 /* metrics takes --json alone (dspk__sub_json_only; cache stats has its
  * own row). */
 static const struct option json_only_opts[] = {DSPK__SUB_OPTS_END};
-static const dspk__sub_optset json_only_optsets[] = {{"metrics", ":h", json_only_opts},
-                                                     {NULL, NULL, NULL}};
+static const dspk__sub_optset json_only_optsets[] = {{"metrics", ":h", json_only_opts, NULL, NULL, NULL},
+                                                     {NULL, NULL, NULL, NULL, NULL, NULL}};
 static const dspk__sub_optset *const option_sets[] = {
     global_optsets,           dspk__sub_info_optsets,  json_only_optsets,
     dspk__sub_op_optsets,     dspk__sub_kernel_optsets, dspk__sub_cache_optsets,
@@ -1294,13 +1294,17 @@ static int flush_stdout(const dspk__sub_ctx *ctx, int rc) {
  * for the bash completion: the options that the command line so far takes
  * there, from the tables getopt_long parses it with, one a line, "--LONG
  * -S value" ("-" for no short letter, "flag" for an option without a
- * value).  Before COMMAND, dspk-submit's own; after help, or a command
- * that has subcommands before its SUBCOMMAND, --help alone.  An unknown
- * command line prints nothing and is exit 2. */
+ * value, "values" for the one that may be given more than once, the
+ * table's repeats).  Before COMMAND, dspk-submit's own; after help, or a
+ * command that has subcommands before its SUBCOMMAND, --help alone.  For
+ * a command whose first operand decides an option (map FN: the table's
+ * per_operand), the operand may follow as SUBCOMMAND: the option is left
+ * out after one that does not take it.  An unknown command line prints
+ * nothing and is exit 2. */
 static int list_options(int n, char **args) {
   static const struct option help_only[] = {{"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
-  static const dspk__sub_optset help_set = {"help", ":h", help_only};
+  static const dspk__sub_optset help_set = {"help", ":h", help_only, NULL, NULL, NULL};
   const dspk__sub_optset *set = n < 2 ? &global_optsets[0] : NULL;
   dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0, NULL};
   char who[128];
@@ -1310,6 +1314,12 @@ static int list_options(int n, char **args) {
            n > 2 ? args[2] : "");
   if (n >= 2 && strcmp(args[1], "help") == 0) /* before COMMAND or after it */
     set = &help_set;
+  /* "map FN": map's own options, less those FN does not take. */
+  const char *operand = NULL;
+  for (int i = 0; n == 3 && set == NULL && option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL && set == NULL; s++)
+      if (s->per_operand != NULL && strcmp(s->who, args[1]) == 0)
+        set = s, operand = args[2];
   for (int i = 0; n >= 2 && set == NULL && option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL && set == NULL; s++) {
       if (strcmp(s->who, who) == 0 && s != &global_optsets[0])
@@ -1320,7 +1330,15 @@ static int list_options(int n, char **args) {
   if (set == NULL)
     return DSPK__SUB_EXIT_USAGE;
   for (const struct option *o = set->opts; o->name != NULL; o++) {
-    const char *kind = o->has_arg == required_argument ? "value" : "flag";
+    const char *kind = o->has_arg != required_argument                       ? "flag"
+                       : set->repeats != NULL && strcmp(set->repeats, o->name) == 0 ? "values"
+                                                                               : "value";
+    if (operand != NULL && strcmp(o->name, set->per_operand) == 0) {
+      char word[64];
+      snprintf(word, sizeof word, " %s ", operand);
+      if (strstr(set->operands, word) == NULL)
+        continue;
+    }
     if (o->val > 0 && o->val < 128 && short_option(set, o->val) == o)
       printf("--%s -%c %s\n", o->name, o->val, kind);
     else
