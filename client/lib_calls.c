@@ -14,6 +14,7 @@
 
 #include "client/lib_internal.h"
 #include "proto/schema.h"
+#include "proto/units.h"
 #include "proto/utf8.h"
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -243,6 +244,11 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
                         a->m == DSPK__M_JOB_END ? "dspk_job_end" : "dspk_job_register");
   if (u && u->n && !u->uuids)
     return dspk__argerr(c, "dspk_job_register: uuids is NULL and n is %zu", u->n);
+  /* The daemon's limit (job.register's devices, proto/schema.c), stated
+   * before a UUID is read. */
+  if (u && u->n > DSPK__JOB_MAX_UUIDS)
+    return dspk__cerr(c, DSPK_ELIMIT, "dspk_job_register: n %zu is more than %d UUIDs, the "
+                      "most a job registers", u->n, DSPK__JOB_MAX_UUIDS);
   for (size_t i = 0; u && i < u->n; i++)
     if (!u->uuids[i])
       return dspk__argerr(c, "dspk_job_register: uuids[%zu] is NULL", i);

@@ -554,7 +554,7 @@ int dspkd_m_job_register(struct req *r) {
   int nmatch = 0;
   uint32_t at[DSPKD_JOB_MAX_DEVICES]; /* tmp.uuid[i] is devices[at[i]] */
 
-  _Static_assert(DSPKD_JOB_MAX_DEVICES == 64, "job.register devices in proto/schema.c");
+  _Static_assert(DSPKD_JOB_MAX_DEVICES == DSPK__JOB_MAX_UUIDS, "job.register devices");
   _Static_assert(sizeof(uid_t) == 4, "job.register uid in proto/schema.c");
   memset(&tmp, 0, sizeof tmp);
   tmp.id = id;

@@ -17,6 +17,9 @@
  */
 int dspk__parse_size(const char *s, uint64_t *out);
 
+/* The most device UUIDs job.register takes (its devices array). */
+#define DSPK__JOB_MAX_UUIDS 64
+
 /* The size of a normalised device UUID with its NUL: at most 39 hex
  * digits (job.register's devices[]). */
 #define DSPK__UUID_LEN 40

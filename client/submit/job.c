@@ -13,7 +13,7 @@
 #include "client/submit/submit.h"
 #include "proto/units.h"
 
-#define MAX_UUIDS 64
+#define MAX_UUIDS DSPK__JOB_MAX_UUIDS /* job.register's devices (proto/units.h) */
 
 /* A decimal job id or uid from an option or the environment, at most max,
  * without a leading zero, as $SLURM_JOB_ID, $SLURM_JOB_UID, $DSPK_JOB and
@@ -46,14 +46,15 @@ static int job_print(const dspk__sub_ctx *ctx, char *text, bool json, const char
 /* Each subcommand takes its own options: end's --uid or --devices is one
  * of register's, refused (docs/cli.md). */
 static const struct option register_opts[] = {{"job", required_argument, NULL, 'J'},
-                                              {"uid", required_argument, NULL, 'u'},
-                                              {"devices", required_argument, NULL, 'D'},
+    {"uid", required_argument, NULL, 'u'},
+    {"devices", required_argument, NULL, 'D'},
                                               DSPK__SUB_OPTS_END};
 static const struct option end_opts[] = {{"job", required_argument, NULL, 'J'},
                                          DSPK__SUB_OPTS_END};
-const dspk__sub_optset dspk__sub_job_optsets[] = {{"job register", ":h", register_opts, NULL, NULL, NULL},
-                                                  {"job end", ":h", end_opts, NULL, NULL, NULL},
-                                                  {NULL, NULL, NULL, NULL, NULL, NULL}};
+const dspk__sub_optset dspk__sub_job_optsets[] = {
+    {"job register", ":h", register_opts, NULL, NULL, NULL},
+    {"job end", ":h", end_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");

@@ -248,7 +248,8 @@ static const struct option kernel_opts[] = {
     {"lang", required_argument, NULL, 'l'},   {"device", required_argument, NULL, 'd'},
     {"output", required_argument, NULL, 'o'}, DSPK__SUB_OPTS_END};
 const dspk__sub_optset dspk__sub_kernel_optsets[] = {
-    {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts, .repeats = "output"}, {NULL, NULL, NULL}};
+    {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts, .repeats = "output"},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 /* Whether the device whose devices entry starts at p lists lang among its
  * kernel_langs (the first after its id; its strings hold no quote: ids and

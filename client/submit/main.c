@@ -171,6 +171,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  FILE.npy              a tensor (device pointer), initialised from FILE\n"
      "                        (or -, FILE.npz:NAME as for the other commands)\n"
      "  zeros:DTYPE:D0xD1...  a zero-filled tensor, e.g. zeros:f32:1024\n"
+     "                        (DTYPE f32, f64, c64, c128, f16 or bf16)\n"
      "  i32:V u32:V i64:V f32:V f64:V   a scalar\n"
      "The kernel writes its results into its tensors; the daemon returns\n"
      "every tensor argument after the run.  At most 4 tensors.\n"
@@ -262,7 +263,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "                      $SLURM_JOB_UID), 0 to 4294967294, no leading zero\n"
      "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
      "                      separated, no empty item (as devices lists them;\n"
-     "                      dashes, case and a GPU- prefix do not matter)\n"
+     "                      dashes, case and a GPU- prefix do not matter);\n"
+     "                      hex digits and dashes only, at most 39 digits\n"
      "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
@@ -918,18 +920,20 @@ static int abbreviated(const struct option *opts, const char *tok, size_t len, c
 /* The options before COMMAND ('+': stop at the command name; its options
  * are its own), and every command's, for an option given to the wrong one. */
 static const struct option global_opts[] = {{"socket", required_argument, NULL, 'S'},
-                                            {"help", no_argument, NULL, 'h'},
-                                            {"version", no_argument, NULL, 'V'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
                                             {NULL, 0, NULL, 0}};
 #define GLOBAL_WHO PROG " before COMMAND"
 #define BEFORE_SUB "before SUBCOMMAND"
-static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts, NULL, NULL, NULL},
-                                                  {NULL, NULL, NULL, NULL, NULL, NULL}};
+static const dspk__sub_optset global_optsets[] = {
+    {GLOBAL_WHO, "+:S:hV", global_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 /* metrics takes --json alone (dspk__sub_json_only; cache stats has its
  * own row). */
 static const struct option json_only_opts[] = {DSPK__SUB_OPTS_END};
-static const dspk__sub_optset json_only_optsets[] = {{"metrics", ":h", json_only_opts, NULL, NULL, NULL},
-                                                     {NULL, NULL, NULL, NULL, NULL, NULL}};
+static const dspk__sub_optset json_only_optsets[] = {
+    {"metrics", ":h", json_only_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 static const dspk__sub_optset *const option_sets[] = {
     global_optsets,           dspk__sub_info_optsets,  json_only_optsets,
     dspk__sub_op_optsets,     dspk__sub_kernel_optsets, dspk__sub_cache_optsets,

@@ -122,8 +122,8 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * dspk_connect_error() says what it is, as dspk-submit does: "connect to
  * /tmp/x: /tmp/x is a regular file, not a socket"; a directory, a FIFO, a
  * character or block device likewise; a path in a message is shown with
- * a control character or a backslash in it escaped), DSPK_EVERSION when the daemon speaks another protocol
- * version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
+ * a control character or a backslash in it escaped), DSPK_EVERSION when
+ * the daemon speaks another protocol version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
  * and max_user_clients, DSPK_EPERM for allow_users and allow_groups: its
  * protocol.error, whose message dspk_connect_error() gives after "hello: "),
  * or another negative code.  hello is the one request sent before the
@@ -253,8 +253,9 @@ DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
  * dspk_job_end closes the job's connections (their work canceled, their
  * buffers freed) and returns once they are gone.  Both return the daemon's
  * answer as JSON in *json_out (free with dspk_free()); DSPK_EPERM for a
- * caller that is not an admin of the daemon.  n is at most 64 (more is the
- * daemon's DSPK_ELIMIT, "devices: ... at most 64"), each UUID as
+ * caller that is not an admin of the daemon.  n is at most 64 (more is
+ * DSPK_ELIMIT, "dspk_job_register: n 65 is more than 64 UUIDs, the most a
+ * job registers", before anything is sent), each UUID as
  * protocol.md's job.register takes it (an optional GPU- prefix, then hex
  * digits and dashes, 1 to 39 digits: the daemon's DSPK_EINVAL otherwise).
  */

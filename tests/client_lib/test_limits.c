@@ -1017,6 +1017,16 @@ static void test_limits_stated(void **state) {
   assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
   assert_string_equal(dspk_last_error(c), "inputs: expected a non-empty array of at most 4 "
                                           "tensors, got an array of 8 items");
+  /* dspk_job_register: at most 64 UUIDs, said before any is read (the
+   * 65th is NULL here) or the caller's rights are asked. */
+  const char *uu[65];
+  char *json = NULL;
+  for (int i = 0; i < 64; i++)
+    uu[i] = "GPU-0";
+  uu[64] = NULL;
+  assert_int_equal(dspk_job_register(c, 1, 0, uu, 65, &json), DSPK_ELIMIT);
+  assert_string_equal(dspk_last_error(c), "dspk_job_register: n 65 is more than 64 UUIDs, the "
+                                          "most a job registers");
   dspk_close(c);
 }
 
