@@ -14,6 +14,8 @@
 
 #include "client/lib_internal.h"
 #include "proto/schema.h"
+#include "proto/units.h"
+#include "proto/utf8.h"
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -242,6 +244,11 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
                         a->m == DSPK__M_JOB_END ? "dspk_job_end" : "dspk_job_register");
   if (u && u->n && !u->uuids)
     return dspk__argerr(c, "dspk_job_register: uuids is NULL and n is %zu", u->n);
+  /* The daemon's limit (job.register's devices, proto/schema.c), stated
+   * before a UUID is read. */
+  if (u && u->n > DSPK__JOB_MAX_UUIDS)
+    return dspk__cerr(c, DSPK_ELIMIT, "dspk_job_register: n %zu is more than %d UUIDs, the "
+                      "most a job registers", u->n, DSPK__JOB_MAX_UUIDS);
   for (size_t i = 0; u && i < u->n; i++)
     if (!u->uuids[i])
       return dspk__argerr(c, "dspk_job_register: uuids[%zu] is NULL", i);
@@ -286,6 +293,38 @@ void dspk__strncpy_pval(const struct dspk__pval *v, char *buf, size_t buflen) {
       memcpy(buf, v->v.s.p, n);
   }
   buf[n] = '\0';
+}
+
+/* The mark that ends a client name cut to fit dspk_status_client.name (dspk.h):
+ * a backslash the daemon's escaped form never holds alone (it writes a
+ * name's backslash as \\ and escapes as \0, \uNNNN, \UNNNNNNNN). */
+#define NAME_CUT_MARK "\\..."
+
+/* Copies the daemon's escaped form of a client name (protocol.md,
+ * "Errors": \\, \0, \uNNNN, \UNNNNNNNN, other characters as they are) into
+ * buf; when it does not fit in buflen - 1 bytes, its longest prefix of
+ * whole escapes and whole characters that leaves room for NAME_CUT_MARK,
+ * then the mark: never the start of an escape or a character, never a
+ * cut name that reads as another whole one. */
+static void copy_escaped_name(const struct dspk__pval *v, char *buf, size_t buflen) {
+  const char *s = v->set && !v->nil ? v->v.s.p : "";
+  size_t n = v->set && !v->nil ? v->v.s.n : 0, i = 0, room = buflen - sizeof NAME_CUT_MARK;
+  if (n < buflen) {
+    dspk__strncpy_pval(v, buf, buflen);
+    return;
+  }
+  while (i < n) {
+    size_t k = 1;
+    if (s[i] == '\\' && i + 1 < n)
+      k = s[i + 1] == 'u' ? 6 : s[i + 1] == 'U' ? 10 : 2;
+    else if (s[i] != '\\')
+      k = dspk__utf8_seq(s + i, n - i) ? dspk__utf8_seq(s + i, n - i) : 1;
+    if (i + k > room)
+      break;
+    i += k;
+  }
+  memcpy(buf, s, i);
+  memcpy(buf + i, NAME_CUT_MARK, sizeof NAME_CUT_MARK);
 }
 
 static uint32_t arr_size(const msgpack_object *o) {
@@ -386,7 +425,7 @@ static void *make_status(const msgpack_object *result, const struct dspk__pval *
     x->pid = f[DSPK__SC_PID].v.i;
     x->uid = f[DSPK__SC_UID].v.i;
     x->gid = f[DSPK__SC_GID].v.i;
-    dspk__strncpy_pval(&f[DSPK__SC_NAME], x->name, sizeof x->name);
+    copy_escaped_name(&f[DSPK__SC_NAME], x->name, sizeof x->name);
     x->inflight = f[DSPK__SC_INFLIGHT].v.u;
     x->buffers = f[DSPK__SC_BUFFERS].v.u;
   }
@@ -716,6 +755,11 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     return dspk__cerr(c, DSPK_EINVAL, "unknown op %d", (int)t->op);
   if (t->ninputs && !t->inputs)
     return dspk__cerr(c, DSPK_EINVAL, "inputs is NULL");
+  /* The daemon's limit (DSPK__OP_MAX_IN), in its words, before any operand
+   * is read or copied into shared memory (and never past inputs[3]). */
+  if (t->ninputs > DSPK_MAX_OUTPUTS)
+    return dspk__cerr(c, DSPK_EINVAL, "inputs: expected a non-empty array of at most %d "
+                      "tensors, got an array of %u items", DSPK_MAX_OUTPUTS, t->ninputs);
   if (t->nout_refs > DSPK_MAX_OUTPUTS)
     return dspk__cerr(c, DSPK_EINVAL, "more than %d output buffers",
                       DSPK_MAX_OUTPUTS);
@@ -758,6 +802,26 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     return dspk__cerr(c, DSPK_EINVAL, "map.fn: unknown value %d", (int)t->map.fn);
   if (t->op == DSPK_OP_CONTRACT && !t->contract.subscripts)
     return dspk__cerr(c, DSPK_EINVAL, "contract: subscripts is NULL");
+  if (t->op == DSPK_OP_CONTRACT) {
+    /* A byte that starts no UTF-8 character would be packed as U+FFFD, and
+     * the daemon would name that character, one the caller never wrote:
+     * named here as the daemon names it when it gets the byte
+     * (protocol.md, "Errors": "byte 0xff"; dspk__utf8_char_name), in the
+     * daemon's message.  No such byte is a label; a string past the
+     * daemon's length is left to its "longer than" message. */
+    const char *ss = t->contract.subscripts;
+    size_t sn = strlen(ss), i = 0, k;
+    if (sn < DSPK__SUBSCRIPTS_MAX && !dspk__utf8_valid(ss, sn)) {
+      char fixed[3 * DSPK__SUBSCRIPTS_MAX], se[DSPK__ECHO_CAP(3 * DSPK__SUBSCRIPTS_MAX)], cn[32];
+      size_t fn = dspk__utf8_sanitized_len(ss, sn);
+      while ((k = dspk__utf8_seq(ss + i, sn - i)) != 0)
+        i += k;
+      dspk__utf8_sanitize(fixed, ss, sn);
+      dspk__utf8_echo(se, sizeof se, fixed, fn, fn);
+      return dspk__cerr(c, DSPK_EINVAL, "contract: \"%s\": %s is not a letter (labels are "
+                        "a-z, A-Z)", se, dspk__utf8_char_name(cn, sizeof cn, ss + i, sn - i));
+    }
+  }
   /* Each field on its own (entry NULL is protocol.md's default, "main"). */
   if (t->op == DSPK_OP_KERNEL && !t->kernel.lang)
     return dspk__cerr(c, DSPK_EINVAL, "kernel.lang is NULL (one of cuda, glsl, spirv, hip)");

@@ -28,6 +28,8 @@
 
 #include "client/lib_internal.h"
 #include "proto/schema.h"
+#include "proto/utf8.h"
+#include "proto/sockpath.h"
 #include "proto/units.h"
 
 #ifndef DSPK_VERSION_STRING
@@ -454,8 +456,11 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
   if ((fl = fcntl(fd, F_GETFL)) < 0 || (fl & O_ACCMODE) != O_RDWR || (fl & O_APPEND))
     return dspk__argerr(c, "dspk_result_to_file: fd %d is not open for reading and writing "
                         "(without O_APPEND)", fd);
+  /* Half a file's largest offset: the output's bytes (less than 2^62 in
+   * any message) then always fit before 2^63-1. */
   if (offset > (uint64_t)INT64_MAX / 2)
-    return dspk__argerr(c, "dspk_result_to_file: offset %llu is too large",
+    return dspk__argerr(c, "dspk_result_to_file: offset %llu is more than 2^62-1 "
+                        "(4611686018427387903), the largest this call takes",
                         (unsigned long long)offset);
   if (!dspk__inflight_has(c, ticket))
     return dspk__cerr(c, DSPK_ENOENT, "dspk_result_to_file: ticket %u is not in flight",
@@ -1844,6 +1849,10 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
                "socket path longer than %zu bytes", sizeof path - 1);
       return DSPK_ELIMIT;
     }
+    if (socket_path[0] == '\0') {
+      snprintf(connect_err, sizeof connect_err, "socket path is empty");
+      return DSPK_EINVAL;
+    }
     strcpy(path, socket_path);
   } else if (dspk_default_socket(path, sizeof path) != 0) {
     const char *env = getenv("DSPK_SOCKET");
@@ -1903,14 +1912,31 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
       e = connect_bounded(c->fd, &sa, c->timeout_ms);
     else if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0)
       e = errno;
+    /* The path as a message may show it: a newline or an escape sequence
+     * in it written as an escape (dspk__utf8_visible), as dspk-submit
+     * shows it. */
+    char shown[512];
+    struct stat st;
+    dspk__utf8_visible(shown, sizeof shown, path, strlen(path));
     if (e == ETIMEDOUT) {
-      snprintf(connect_err, sizeof connect_err, "connect to %s: the daemon accepted no "
-               "connection within %d ms", path, c->timeout_ms);
+      dspk__format(connect_err, sizeof connect_err, "connect to %s: the daemon accepted no "
+                   "connection within %d ms", shown, c->timeout_ms);
       rc = DSPK_ETIMEDOUT;
       goto err_socket;
     }
+    if ((e == ECONNREFUSED || e == ENOTSOCK) && stat(path, &st) == 0 &&
+        !S_ISSOCK(st.st_mode)) {
+      /* Something is there, but nothing a daemon could listen on: say
+       * what it is (the kernel says "Connection refused"), in the words
+       * dspk-submit uses too (proto/sockpath.h). */
+      char why[600];
+      dspk__not_socket(why, sizeof why, path, strlen(path), st.st_mode);
+      dspk__format(connect_err, sizeof connect_err, "connect to %s: %s", shown, why);
+      rc = DSPK_ECONNECT;
+      goto err_socket;
+    }
     if (e) {
-      snprintf(connect_err, sizeof connect_err, "connect to %s: %s", path, strerror(e));
+      dspk__format(connect_err, sizeof connect_err, "connect to %s: %s", shown, strerror(e));
       rc = e == EACCES || e == EPERM ? DSPK_EPERM : DSPK_ECONNECT;
       goto err_socket;
     }

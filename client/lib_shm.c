@@ -295,8 +295,11 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
       (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n,
-                    strerror(errno));
+    /* Before the daemon is asked: more than this process can map (its
+     * address space: 2^47 bytes on x86-64 with 4-level page tables, less
+     * what is mapped already, or RLIMIT_AS). */
+    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: more than this process can "
+                    "map (mmap: %s)", n, strerror(errno));
     close(fd);
     return rc;
   }
@@ -410,6 +413,11 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
     return dspk__argerr(c, "dspk_shared_alloc: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
   if (bytes == 0)
     return dspk__argerr(c, "dspk_shared_alloc: bytes must be > 0");
+  /* The memory is a file (a memfd): no file holds more (EFBIG from
+   * ftruncate read as "File too large", the RLIMIT_FSIZE case's words). */
+  if ((uint64_t)bytes > (uint64_t)INT64_MAX)
+    return dspk__argerr(c, "dspk_shared_alloc: bytes %zu passes a file's largest size "
+                        "(2^63-1)", bytes);
   rc = shm_new(c, device ? device : "cpu:0", bytes, 0, &s);
   if (rc != 0)
     return rc;

@@ -51,6 +51,7 @@
 #include "daemon/dspkd.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
+#include "proto/units.h"
 
 #define MAX_JOBS 4096
 
@@ -67,32 +68,9 @@ int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]) {
   return n ? 0 : -1;
 }
 
-/* A UUID as job.register takes it: an optional GPU- prefix (nvidia-smi's,
- * any case), then hex digits and dashes only, 1 to DSPKD_UUID_LEN - 1
- * digits; out: its digits, lower case.  0, or -1 with why set. */
-static int uuid_parse(const char *in, size_t len, char out[DSPKD_UUID_LEN], char *why,
-                      size_t wlen) {
-  size_t n = 0, i = len >= 4 && strncasecmp(in, "GPU-", 4) == 0 ? 4 : 0;
-  for (; i < len; i++) {
-    if (in[i] == '-')
-      continue;
-    if (!isxdigit((unsigned char)in[i])) {
-      snprintf(why, wlen, "byte %zu is not a hex digit or a dash", i + 1);
-      return -1;
-    }
-    if (n + 1 >= DSPKD_UUID_LEN) {
-      snprintf(why, wlen, "more than %d hex digits", DSPKD_UUID_LEN - 1);
-      return -1;
-    }
-    out[n++] = (char)tolower((unsigned char)in[i]);
-  }
-  out[n] = '\0';
-  if (n == 0) {
-    snprintf(why, wlen, "no hex digits");
-    return -1;
-  }
-  return 0;
-}
+/* A UUID as job.register takes it: proto/units.c's dspk__uuid_parse, the
+ * rule dspk-submit checks --devices by. */
+_Static_assert(DSPKD_UUID_LEN == DSPK__UUID_LEN, "one UUID length");
 
 static struct djob *job_find(struct dspkd *d, uint64_t id) {
   for (struct djob *j = d->jobs; j; j = j->next)
@@ -651,7 +629,7 @@ int dspkd_m_job_register(struct req *r) {
   int nmatch = 0;
   uint32_t at[DSPKD_JOB_MAX_DEVICES]; /* tmp.uuid[i] is devices[at[i]] */
 
-  _Static_assert(DSPKD_JOB_MAX_DEVICES == 64, "job.register devices in proto/schema.c");
+  _Static_assert(DSPKD_JOB_MAX_DEVICES == DSPK__JOB_MAX_UUIDS, "job.register devices");
   _Static_assert(sizeof(uid_t) == 4, "job.register uid in proto/schema.c");
   memset(&tmp, 0, sizeof tmp);
   tmp.id = id;
@@ -663,7 +641,7 @@ int dspkd_m_job_register(struct req *r) {
     if (o->via.str.size && memchr(o->via.str.ptr, 0, o->via.str.size))
       return fail(r, DSPK_EINVAL, "devices[%u]: the string holds a NUL byte", i);
     char why[64];
-    if (uuid_parse(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs], why, sizeof why))
+    if (dspk__uuid_parse(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs], why, sizeof why))
       return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID (hex digits and "
                   "dashes, after an optional GPU- prefix): %s", i, why);
     /* The same GPU named twice (two spellings): once. */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "proto/schema.h"
+#include "proto/units.h"
 #include "proto/utf8.h"
 
 /* ---- name lists, built once from include/dspk/types.h ------------------ */
@@ -402,7 +403,8 @@ static const struct dspk__param jreg_p[] = {
     [DSPK__JREG_JOB] = JOB_P,
     [DSPK__JREG_UID] = {"uid", DSPK__T_UINT, REQ, .max = UINT32_MAX - 1,
                         .expect = "the uid the job runs as"},
-    [DSPK__JREG_DEVICES] = {"devices", DSPK__T_ARRAY, .max = 64, .range_err = DSPK_ELIMIT, .item = &uuid_item,
+    [DSPK__JREG_DEVICES] = {"devices", DSPK__T_ARRAY, .max = DSPK__JOB_MAX_UUIDS,
+                            .range_err = DSPK_ELIMIT, .item = &uuid_item,
                             .expect = "an array of device UUIDs", .def_doc = "none"},
 };
 static const struct dspk__param jreg_r[] = {

@@ -6,6 +6,7 @@
 #ifndef DSPK_PROTO_UNITS_H
 #define DSPK_PROTO_UNITS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /*
@@ -15,5 +16,23 @@
  * *out, or -1 for anything else or a value above UINT64_MAX.
  */
 int dspk__parse_size(const char *s, uint64_t *out);
+
+/* The most device UUIDs job.register takes (its devices array). */
+#define DSPK__JOB_MAX_UUIDS 64
+
+/* The size of a normalised device UUID with its NUL: at most 39 hex
+ * digits (job.register's devices[]). */
+#define DSPK__UUID_LEN 40
+
+/*
+ * A device UUID as job.register takes it (docs/protocol.md) and
+ * dspk-submit's job register --devices checks it before sending: an
+ * optional GPU- prefix (nvidia-smi's, any case), then hex digits and
+ * dashes only, 1 to DSPK__UUID_LEN - 1 digits.  out gets its digits, lower
+ * case.  Returns 0, or -1 with why ("byte 3 is not a hex digit or a dash",
+ * "more than 39 hex digits", "no hex digits") written into why.
+ */
+int dspk__uuid_parse(const char *in, size_t len, char out[DSPK__UUID_LEN], char *why,
+                     size_t wlen);
 
 #endif /* DSPK_PROTO_UNITS_H */

@@ -240,7 +240,9 @@ static const struct option clear_opts[] = {{"kernels", no_argument, NULL, 'k'},
                                            DSPK__SUB_OPTS_END};
 static const struct option stats_opts[] = {DSPK__SUB_OPTS_END}; /* dspk__sub_json_only's */
 const dspk__sub_optset dspk__sub_cache_optsets[] = {
-    {"cache stats", ":h", stats_opts}, {"cache clear", ":h", clear_opts}, {NULL, NULL, NULL}};
+    {"cache stats", ":h", stats_opts, NULL, NULL, NULL},
+    {"cache clear", ":h", clear_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
   const struct option *opts = clear_opts;

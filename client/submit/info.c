@@ -43,10 +43,10 @@ static const struct option ping_opts[] = {{"count", required_argument, NULL, 'c'
 static const struct option devices_opts[] = {{"all", no_argument, NULL, 'a'},
                                              DSPK__SUB_OPTS_END};
 const dspk__sub_optset dspk__sub_info_optsets[] = {
-    {"ping", PING_SHORTS, ping_opts},
-    {"devices", DEVICES_SHORTS, devices_opts},
-    {"status", ":h", devices_opts + 1},
-    {NULL, NULL, NULL}};
+    {"ping", PING_SHORTS, ping_opts, NULL, NULL, NULL},
+    {"devices", DEVICES_SHORTS, devices_opts, NULL, NULL, NULL},
+    {"status", ":h", devices_opts + 1, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   const struct option *opts = ping_opts;

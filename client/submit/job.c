@@ -11,8 +11,9 @@
 #include <string.h>
 
 #include "client/submit/submit.h"
+#include "proto/units.h"
 
-#define MAX_UUIDS 64
+#define MAX_UUIDS DSPK__JOB_MAX_UUIDS /* job.register's devices (proto/units.h) */
 
 /* A decimal job id or uid from an option or the environment, at most max,
  * without a leading zero, as $SLURM_JOB_ID, $SLURM_JOB_UID, $DSPK_JOB and
@@ -45,14 +46,15 @@ static int job_print(const dspk__sub_ctx *ctx, char *text, bool json, const char
 /* Each subcommand takes its own options: end's --uid or --devices is one
  * of register's, refused (docs/cli.md). */
 static const struct option register_opts[] = {{"job", required_argument, NULL, 'J'},
-                                              {"uid", required_argument, NULL, 'u'},
-                                              {"devices", required_argument, NULL, 'D'},
+    {"uid", required_argument, NULL, 'u'},
+    {"devices", required_argument, NULL, 'D'},
                                               DSPK__SUB_OPTS_END};
 static const struct option end_opts[] = {{"job", required_argument, NULL, 'J'},
                                          DSPK__SUB_OPTS_END};
-const dspk__sub_optset dspk__sub_job_optsets[] = {{"job register", ":h", register_opts},
-                                                  {"job end", ":h", end_opts},
-                                                  {NULL, NULL, NULL}};
+const dspk__sub_optset dspk__sub_job_optsets[] = {
+    {"job register", ":h", register_opts, NULL, NULL, NULL},
+    {"job end", ":h", end_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");
@@ -140,6 +142,14 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
                                     "UUID,UUID,...; one UUID an item)", dspk__sub_arg(devs),
                                (int)n + 1, dspk__sub_arg(t));
       t[len] = '\0';
+      /* The daemon's rule (proto/units.c), checked before connecting: a
+       * value that is no UUID is a bad command line, as a bad --job is. */
+      char digits[DSPK__UUID_LEN], why[64];
+      if (dspk__uuid_parse(t, len, digits, why, sizeof why) != 0)
+        return dspk__sub_usage(ctx, "--devices '%s': item %d '%s' is not a device UUID (want "
+                                    "hex digits and dashes, after an optional GPU- prefix): "
+                                    "%s", dspk__sub_arg(devs), (int)n + 1, dspk__sub_arg(t),
+                               why);
       if (n == MAX_UUIDS)
         return dspk__sub_usage(ctx, "--devices: at most %d UUIDs", MAX_UUIDS);
       uuids[n++] = t;

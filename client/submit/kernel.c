@@ -130,8 +130,18 @@ static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
   if (dims == NULL)
     return dspk__sub_usage(ctx, "bad '%s' (want zeros:DTYPE:D0xD1...)", dspk__sub_arg(spec));
   *dims++ = '\0';
-  if (dspk_dtype_from_name(dt, &a->dtype) < 0)
-    return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dspk__sub_arg(dt), dspk__sub_arg(spec));
+  if (dspk_dtype_from_name(dt, &a->dtype) < 0) {
+    /* The dtypes the library knows, in its order, as every other bad
+     * value on the line lists what it wants. */
+    char want[128] = "";
+    size_t w = 0;
+    for (int k = 0; k < DSPK_DTYPE_COUNT && w < sizeof want; k++)
+      w += (size_t)snprintf(want + w, sizeof want - w, "%s%s",
+                            k == 0 ? "" : k + 1 == DSPK_DTYPE_COUNT ? " or " : ", ",
+                            dspk_dtype_name((dspk_dtype)k));
+    return dspk__sub_usage(ctx, "bad dtype '%s' in '%s' (want %s)", dspk__sub_arg(dt),
+                           dspk__sub_arg(spec), want);
+  }
   a->count = 1;
   n = dspk__sub_split(dims, "x,", dbuf, sizeof dbuf, items, DSPK_MAX_RANK + 1);
   if (n > DSPK_MAX_RANK)
@@ -238,7 +248,8 @@ static const struct option kernel_opts[] = {
     {"lang", required_argument, NULL, 'l'},   {"device", required_argument, NULL, 'd'},
     {"output", required_argument, NULL, 'o'}, DSPK__SUB_OPTS_END};
 const dspk__sub_optset dspk__sub_kernel_optsets[] = {
-    {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts}, {NULL, NULL, NULL}};
+    {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts, .repeats = "output"},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 /* Whether the device whose devices entry starts at p lists lang among its
  * kernel_langs (the first after its id; its strings hold no quote: ids and

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "client/submit/submit.h"
+#include "proto/sockpath.h"
 #include "proto/units.h"
 
 #define PROG "dspk-submit"
@@ -170,6 +171,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  FILE.npy              a tensor (device pointer), initialised from FILE\n"
      "                        (or -, FILE.npz:NAME as for the other commands)\n"
      "  zeros:DTYPE:D0xD1...  a zero-filled tensor, e.g. zeros:f32:1024\n"
+     "                        (DTYPE f32, f64, c64, c128, f16 or bf16)\n"
      "  i32:V u32:V i64:V f32:V f64:V   a scalar\n"
      "The kernel writes its results into its tensors; the daemon returns\n"
      "every tensor argument after the run.  At most 4 tensors.\n"
@@ -261,7 +263,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "                      $SLURM_JOB_UID), 0 to 4294967294, no leading zero\n"
      "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
      "                      separated, no empty item (as devices lists them;\n"
-     "                      dashes, case and a GPU- prefix do not matter)\n"
+     "                      dashes, case and a GPU- prefix do not matter);\n"
+     "                      hex digits and dashes only, at most 39 digits\n"
      "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
@@ -616,16 +619,6 @@ size_t dspk__sub_shared_threshold(void) {
   return 0;
 }
 
-/* What a path that is there but no socket is, for the ECONNECT hint. */
-static const char *file_kind(mode_t m) {
-  return S_ISDIR(m)    ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISREG(m)  ? "a regular file"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-                       : "a file of another kind";
-}
-
 static const char *owner_name(uid_t uid, char *buf, size_t cap) {
   struct passwd *pw = getpwuid(uid);
   if (pw != NULL)
@@ -762,8 +755,9 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     struct stat st;
     if (why == NULL || why[0] == '\0')
       why = dspk_strerror(rc);
-    /* The library says "connect to PATH: reason"; PATH is named once. */
-    snprintf(pre, sizeof pre, "connect to %s: ", shown);
+    /* The library says "connect to PATH: reason", PATH shown as
+     * dspk__sub_arg shows it; PATH is named once. */
+    snprintf(pre, sizeof pre, "connect to %s: ", dspk__sub_arg(shown));
     if (strncmp(why, pre, strlen(pre)) == 0)
       why += strlen(pre);
     /* A path the library was given: it came from --socket (cli.md). */
@@ -777,9 +771,15 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     if ((rc == DSPK_ECONNECT || (rc == DSPK_EPERM && strstr(why, "allow_") == NULL)) &&
         stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on (EPERM
-       * too, where this user may not write it: no mode would help). */
-      snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
-               "$DSPK_SOCKET", dspk__sub_arg(shown), file_kind(st.st_mode));
+       * too, where this user may not write it: no mode would help).  The
+       * library names it so already for ECONNECT, in the words of
+       * proto/sockpath.h; this line uses the same ones otherwise. */
+      char ns[600];
+      dspk__not_socket(ns, sizeof ns, shown, strlen(shown), st.st_mode);
+      if (strcmp(why, ns) == 0)
+        snprintf(hint, sizeof hint, ": check --socket and $DSPK_SOCKET");
+      else
+        snprintf(hint, sizeof hint, "; %s: check --socket and $DSPK_SOCKET", ns);
     } else if (rc == DSPK_ECONNECT) {
       snprintf(hint, sizeof hint,
                "; is dspkd running? See 'systemctl status dspkd.socket "
@@ -920,18 +920,20 @@ static int abbreviated(const struct option *opts, const char *tok, size_t len, c
 /* The options before COMMAND ('+': stop at the command name; its options
  * are its own), and every command's, for an option given to the wrong one. */
 static const struct option global_opts[] = {{"socket", required_argument, NULL, 'S'},
-                                            {"help", no_argument, NULL, 'h'},
-                                            {"version", no_argument, NULL, 'V'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
                                             {NULL, 0, NULL, 0}};
 #define GLOBAL_WHO PROG " before COMMAND"
 #define BEFORE_SUB "before SUBCOMMAND"
-static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts},
-                                                  {NULL, NULL, NULL}};
+static const dspk__sub_optset global_optsets[] = {
+    {GLOBAL_WHO, "+:S:hV", global_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 /* metrics takes --json alone (dspk__sub_json_only; cache stats has its
  * own row). */
 static const struct option json_only_opts[] = {DSPK__SUB_OPTS_END};
-static const dspk__sub_optset json_only_optsets[] = {{"metrics", ":h", json_only_opts},
-                                                     {NULL, NULL, NULL}};
+static const dspk__sub_optset json_only_optsets[] = {
+    {"metrics", ":h", json_only_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 static const dspk__sub_optset *const option_sets[] = {
     global_optsets,           dspk__sub_info_optsets,  json_only_optsets,
     dspk__sub_op_optsets,     dspk__sub_kernel_optsets, dspk__sub_cache_optsets,
@@ -1296,13 +1298,17 @@ static int flush_stdout(const dspk__sub_ctx *ctx, int rc) {
  * for the bash completion: the options that the command line so far takes
  * there, from the tables getopt_long parses it with, one a line, "--LONG
  * -S value" ("-" for no short letter, "flag" for an option without a
- * value).  Before COMMAND, dspk-submit's own; after help, or a command
- * that has subcommands before its SUBCOMMAND, --help alone.  An unknown
- * command line prints nothing and is exit 2. */
+ * value, "values" for the one that may be given more than once, the
+ * table's repeats).  Before COMMAND, dspk-submit's own; after help, or a
+ * command that has subcommands before its SUBCOMMAND, --help alone.  For
+ * a command whose first operand decides an option (map FN: the table's
+ * per_operand), the operand may follow as SUBCOMMAND: the option is left
+ * out after one that does not take it.  An unknown command line prints
+ * nothing and is exit 2. */
 static int list_options(int n, char **args) {
   static const struct option help_only[] = {{"help", no_argument, NULL, 'h'},
                                             {NULL, 0, NULL, 0}};
-  static const dspk__sub_optset help_set = {"help", ":h", help_only};
+  static const dspk__sub_optset help_set = {"help", ":h", help_only, NULL, NULL, NULL};
   const dspk__sub_optset *set = n < 2 ? &global_optsets[0] : NULL;
   dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0, NULL};
   char who[128];
@@ -1312,6 +1318,12 @@ static int list_options(int n, char **args) {
            n > 2 ? args[2] : "");
   if (n >= 2 && strcmp(args[1], "help") == 0) /* before COMMAND or after it */
     set = &help_set;
+  /* "map FN": map's own options, less those FN does not take. */
+  const char *operand = NULL;
+  for (int i = 0; n == 3 && set == NULL && option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL && set == NULL; s++)
+      if (s->per_operand != NULL && strcmp(s->who, args[1]) == 0)
+        set = s, operand = args[2];
   for (int i = 0; n >= 2 && set == NULL && option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL && set == NULL; s++) {
       if (strcmp(s->who, who) == 0 && s != &global_optsets[0])
@@ -1322,7 +1334,15 @@ static int list_options(int n, char **args) {
   if (set == NULL)
     return DSPK__SUB_EXIT_USAGE;
   for (const struct option *o = set->opts; o->name != NULL; o++) {
-    const char *kind = o->has_arg == required_argument ? "value" : "flag";
+    const char *kind = o->has_arg != required_argument                       ? "flag"
+                       : set->repeats != NULL && strcmp(set->repeats, o->name) == 0 ? "values"
+                                                                               : "value";
+    if (operand != NULL && strcmp(o->name, set->per_operand) == 0) {
+      char word[64];
+      snprintf(word, sizeof word, " %s ", operand);
+      if (strstr(set->operands, word) == NULL)
+        continue;
+    }
     if (o->val > 0 && o->val < 128 && short_option(set, o->val) == o)
       printf("--%s -%c %s\n", o->name, o->val, kind);
     else

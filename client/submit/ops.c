@@ -23,6 +23,7 @@
 #include "client/submit/npy.h"
 #include "client/submit/numfmt.h"
 #include "client/submit/submit.h"
+#include "proto/utf8.h"
 
 /* Option ids beyond the printable short options. */
 enum {
@@ -91,13 +92,14 @@ static const struct option map_opts[] = {
 
 enum { SET_GEMM, SET_FFT, SET_FIR, SET_CONTRACT, SET_REDUCE, SET_MAP };
 const dspk__sub_optset dspk__sub_op_optsets[] = {
-    [SET_GEMM] = {"gemm", OP_SHORTS, gemm_opts},
-    [SET_FFT] = {"fft", OP_SHORTS, fft_opts},
-    [SET_FIR] = {"fir", OP_SHORTS, plain_opts},
-    [SET_CONTRACT] = {"contract", OP_SHORTS, plain_opts},
-    [SET_REDUCE] = {"reduce", OP_SHORTS "a:", reduce_opts},
-    [SET_MAP] = {"map", OP_SHORTS, map_opts},
-    {NULL, NULL, NULL}};
+    [SET_GEMM] = {"gemm", OP_SHORTS, gemm_opts, NULL, NULL, NULL},
+    [SET_FFT] = {"fft", OP_SHORTS, fft_opts, NULL, NULL, NULL},
+    [SET_FIR] = {"fir", OP_SHORTS, plain_opts, NULL, NULL, NULL},
+    [SET_CONTRACT] = {"contract", OP_SHORTS, plain_opts, NULL, NULL, NULL},
+    [SET_REDUCE] = {"reduce", OP_SHORTS "a:", reduce_opts, .repeats = "axis"},
+    [SET_MAP] = {"map", OP_SHORTS, map_opts, .per_operand = "alpha",
+                 .operands = " scale axpy "},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 /* Parses the options of an op command into *a (a->set set by the caller).
  * Returns -1 to go on, else an exit status (help or usage). */
@@ -806,11 +808,12 @@ static const char *subscripts_error(const char *s, char *why, size_t cap) {
     } else if (c == '.') {
       return "an ellipsis (...) is not supported";
     } else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) {
-      if (c > ' ' && c < 0x7f)
-        snprintf(why, cap, "'%c' is not a letter (labels are a-z, A-Z)", c);
-      else
-        snprintf(why, cap, "byte %zu (0x%02x) is not a letter (labels are a-z, A-Z)", i + 1,
-                 (unsigned char)c);
+      /* The whole character, named as the daemon and the library name it
+       * (protocol.md, "Errors"; dspk__utf8_char_name): "'+'", "'é'
+       * (U+00E9)", "U+200B", "byte 0xff". */
+      char cn[32];
+      snprintf(why, cap, "%s is not a letter (labels are a-z, A-Z)",
+               dspk__utf8_char_name(cn, sizeof cn, s + i, strlen(s + i)));
       return why;
     } else if (n[term] == DSPK_MAX_RANK) {
       snprintf(why, cap, "the %s term has more than %d labels", names[term], DSPK_MAX_RANK);
@@ -914,7 +917,10 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
     return dspk__sub_usage(ctx, "map %s takes %d input%s, got %d", a.pos[0],
                            fns[fn].nin, fns[fn].nin == 1 ? "" : "s",
                            a.npos - 1);
-  if (a.have_alpha && fn != DSPK_MAP_SCALE && fn != DSPK_MAP_AXPY)
+  /* The table's rule, which --list-options follows too. */
+  char word[16];
+  snprintf(word, sizeof word, " %s ", fns[fn].name);
+  if (a.have_alpha && strstr(a.set->operands, word) == NULL)
     return dspk__sub_usage(ctx, "--alpha applies to scale and axpy only");
   dspk_task_init(&t, DSPK_OP_MAP);
   t.map.fn = (dspk_mapfn)fn;

@@ -178,6 +178,15 @@ typedef struct dspk__sub_optset {
   const char *who;           /* "kernel", "cache clear"; NULL ends a list */
   const char *shorts;        /* getopt_long's optstring (":e:g:h") */
   const struct option *opts; /* ends with DSPK__SUB_OPTS_END */
+  /* The option taking a value that may be given more than once, its
+   * values adding up (reduce's axis, kernel's output); every other one
+   * given twice is a bad command line (dspk__sub_once).  NULL: none. */
+  const char *repeats;
+  /* An option that only some first operands take (map's alpha), and
+   * those operands, each between blanks (" scale axpy "); NULL: none.
+   * The parser refuses it with another operand; --list-options leaves it
+   * out after another one. */
+  const char *per_operand, *operands;
 } dspk__sub_optset;
 /* Each file's commands' option sets, NULL-who terminated. */
 extern const dspk__sub_optset dspk__sub_info_optsets[], dspk__sub_op_optsets[],

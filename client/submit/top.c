@@ -188,10 +188,11 @@ static void draw(const dspk_status *s) {
 }
 
 static const struct option top_opts[] = {{"interval", required_argument, NULL, 'n'},
-                                         {"once", no_argument, NULL, '1'},
+    {"once", no_argument, NULL, '1'},
                                          DSPK__SUB_OPTS_END};
-const dspk__sub_optset dspk__sub_top_optsets[] = {{"top", ":n:h", top_opts},
-                                                  {NULL, NULL, NULL}};
+const dspk__sub_optset dspk__sub_top_optsets[] = {
+    {"top", ":n:h", top_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   const struct option *opts = top_opts;

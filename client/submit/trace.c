@@ -19,10 +19,11 @@
 #include "client/submit/submit.h"
 
 static const struct option trace_opts[] = {{"output", required_argument, NULL, 'o'},
-                                           {"seconds", required_argument, NULL, 's'},
+    {"seconds", required_argument, NULL, 's'},
                                            DSPK__SUB_OPTS_END};
-const dspk__sub_optset dspk__sub_trace_optsets[] = {{"trace", ":o:s:h", trace_opts},
-                                                    {NULL, NULL, NULL}};
+const dspk__sub_optset dspk__sub_trace_optsets[] = {
+    {"trace", ":o:s:h", trace_opts, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL}};
 
 int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   const struct option *opts = trace_opts;

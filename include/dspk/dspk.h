@@ -116,10 +116,14 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * DSPK_EINVAL when out is NULL or $DSPK_JOB is set, not empty and no such
  * number (dspk_connect_error() names it and its value; $SLURM_JOB_ID is
  * not taken instead, while a $SLURM_JOB_ID that is none names no job),
- * DSPK_ELIMIT for a
+ * DSPK_EINVAL for an empty socket_path, DSPK_ELIMIT for a
  * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
- * listens there, DSPK_EVERSION when the daemon speaks another protocol
- * version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
+ * listens there (when the path is there but is no socket,
+ * dspk_connect_error() says what it is, as dspk-submit does: "connect to
+ * /tmp/x: /tmp/x is a regular file, not a socket"; a directory, a FIFO, a
+ * character or block device likewise; a path in a message is shown with
+ * a control character or a backslash in it escaped), DSPK_EVERSION when
+ * the daemon speaks another protocol version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
  * and max_user_clients, DSPK_EPERM for allow_users and allow_groups: its
  * protocol.error, whose message dspk_connect_error() gives after "hello: "),
  * or another negative code.  hello is the one request sent before the
@@ -249,7 +253,11 @@ DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
  * dspk_job_end closes the job's connections (their work canceled, their
  * buffers freed) and returns once they are gone.  Both return the daemon's
  * answer as JSON in *json_out (free with dspk_free()); DSPK_EPERM for a
- * caller that is not an admin of the daemon.
+ * caller that is not an admin of the daemon.  n is at most 64 (more is
+ * DSPK_ELIMIT, "dspk_job_register: n 65 is more than 64 UUIDs, the most a
+ * job registers", before anything is sent), each UUID as
+ * protocol.md's job.register takes it (an optional GPU- prefix, then hex
+ * digits and dashes, 1 to 39 digits: the daemon's DSPK_EINVAL otherwise).
  */
 DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
                                   const char *const *uuids, size_t n, char **json_out);
@@ -292,6 +300,13 @@ typedef struct dspk_status_client {
   uint64_t id;
   int64_t pid;
   int64_t uid, gid;
+  /* The client's hello name as the daemon shows it (protocol.md, "Errors":
+   * a backslash as \\, a character that prints as nothing as \uNNNN...).
+   * That form may pass 63 bytes (a 63-byte name of zero-width spaces is
+   * 126): it is then cut after a whole character or escape, at most 59
+   * bytes, and ends in the mark \... (a lone backslash, which no whole
+   * name shows), so a cut name never looks like another whole one.  The
+   * whole form is in dspk_status's json. */
   char name[64];
   uint64_t inflight, buffers;
 } dspk_status_client;
@@ -431,7 +446,13 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * a size beyond its device's memory or the user's quota is DSPK_ENOMEM or
  * DSPK_ELIMIT without committing memory here; the memory is a file (a
  * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
- * is DSPK_ELIMIT too, with a dspk_last_error() that names it.  An empty device name is no
+ * is DSPK_ELIMIT too, with a dspk_last_error() that names it.  bytes above
+ * 2^63-1 (a file's largest size) are DSPK_EINVAL ("dspk_shared_alloc:
+ * bytes N passes a file's largest size (2^63-1)"), and a size this process
+ * cannot map (its address space: 2^47 bytes on x86-64 with 4-level page
+ * tables, less what is mapped already; RLIMIT_AS) is DSPK_ENOMEM ("shared
+ * memory of N bytes: more than this process can map (mmap: ...)") before
+ * the daemon is asked.  An empty device name is no
  * device (DSPK_ENODEV), as in every call that names one.  bytes 0 is
  * DSPK_EINVAL ("dspk_shared_alloc: bytes must be > 0": a mapping cannot be
  * empty; dspk_buffer_create takes 0).
@@ -499,8 +520,10 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * file then reports the error).  fd must be a regular file open for reading and writing (not
  * O_APPEND); it is duplicated, and the file grows as needed; bytes outside
  * the range are not touched.  Call it after dspk_submit and before the
- * dspk_wait that returns the answer.  0, DSPK_EINVAL, DSPK_ENOENT (ticket not in
- * flight), DSPK_ENOMEM or DSPK_EIO (dup failed). */
+ * dspk_wait that returns the answer.  offset is at most 2^62-1 (so that the
+ * output's bytes always end before a file's largest offset, 2^63-1): a
+ * larger one is DSPK_EINVAL, its message naming that limit.  0, DSPK_EINVAL,
+ * DSPK_ENOENT (ticket not in flight), DSPK_ENOMEM or DSPK_EIO (dup failed). */
 DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uint64_t offset,
                                     bool *written);
 /* Frees an allocation of dspk_shared_alloc (ptr: its start): buffer.free,
@@ -650,7 +673,8 @@ typedef struct dspk_karg {
 typedef struct dspk_task {
   dspk_op op;
   const char *device;          /* "cpu:0", "any" (NULL means "any"; "" is ENODEV) */
-  unsigned ninputs;
+  unsigned ninputs;             /* 1 to DSPK_MAX_OUTPUTS (4); more is DSPK_EINVAL,
+                                  found before any operand is read */
   const dspk_tensor *inputs;
   /* Optional: put output i into a daemon buffer instead of returning it
    * inline (the result then holds a reference). */

@@ -2548,9 +2548,20 @@ def contract_subscripts(cli, tmp):
                       ("ij,jk->iz", "output label 'z' appears in neither A nor B"),
                       ("abcdefghi,a->a", "the A term has more than 8 labels"),
                       ("ij", "needs two operands and an explicit output"),
-                      ("i" * 64 + ",j->j", "longer than 63 characters")):
+                      ("i" * 64 + ",j->j", "longer than 63 characters"),
+                      # Probe 16 D1: a character by protocol.md's rule (the
+                      # daemon's and the library's), not by its first byte.
+                      ("ik,kj->i\u00e9", "'\u00e9' (U+00E9) is not a letter"),
+                      ("ik,kj->i\u200b", "U+200B is not a letter"),
+                      ("ik,kj->i\tj", "U+0009 is not a letter"),
+                      ("ik,kj->ij+", "'+' is not a letter")):
         cli.fails(nosock + ["contract", subs, a, a], "contract", "EINVAL", rc_want=2,
-                  sock=False, detail="bad SUBSCRIPTS '%s': %s" % (subs, why))
+                  sock=False, detail="bad SUBSCRIPTS '%s': %s"
+                  % (subs.replace("\u200b", "\\u200b").replace("\t", "\\t"), why))
+    # An ill-formed byte (argv as bytes): by its value, no position.
+    err = cli.fails(nosock + ["contract", "ik,kj->ij\udcff", a, a], "contract", "EINVAL",
+                    rc_want=2, sock=False)
+    check("': byte 0xff is not a letter (labels are a-z, A-Z)" in err, "0xff: %r" % err)
     for subs in ("ij,jk->ik", " ij , jk -> ki ", "i,i->", "ij,jk->", "Ab,bC->CA"):
         cli.fails(nosock + ["contract", subs, a, a], "contract", "ECONNECT", sock=False)
 
@@ -2920,6 +2931,12 @@ def command_line_messages(cli, tmp):
         err = cli.fails(["ping"], "ping", "ECONNECT", sock=False, env=env,
                         detail="%s is %s, not a socket" % (path, what))
         check("is dspkd running" not in err, "not a socket, yet %r" % err)
+        # Probe 16 D7: the library says what the path is (proto/sockpath.c),
+        # in the words the CLI used; the line says it once, without the
+        # kernel's "Connection refused".
+        want = ("cannot connect to %s: %s is %s, not a socket: check --socket and "
+                "$DSPK_SOCKET\n" % (path, path, what))
+        check(err.endswith(want) and "refused" not in err, "%r, want ...%r" % (err, want))
     # One this user may not write is EPERM, and no socket all the same (the hint
     # spoke of "the socket's mode ... lets only its owner connect").
     ro = os.path.join(d, "rofile")
@@ -3216,6 +3233,28 @@ def repeated_options(cli):
         err = cli.fails(args, args[0], "EINVAL", rc_want=2, sock=False)
         check(what in err, "%s: %r does not name %s" % (args, err, what))
     # A bad item of job register --devices is named by its number and text.
+    # Probe 16 D4: an item that is no UUID is a bad command line too (it was
+    # the daemon's EINVAL, exit 1), by the daemon's rule (proto/units.c).
+    for devs, want in (("zzzz", "--devices 'zzzz': item 1 'zzzz' is not a device UUID (want "
+                        "hex digits and dashes, after an optional GPU- prefix): byte 1 is "
+                        "not a hex digit or a dash"),
+                       ("GPU-12,GPU-xyz", "item 2 'GPU-xyz' is not a device UUID (want hex "
+                        "digits and dashes, after an optional GPU- prefix): byte 5 is not"),
+                       ("GPU-", "item 1 'GPU-' is not a device UUID (want hex digits and "
+                        "dashes, after an optional GPU- prefix): no hex digits"),
+                       ("---", "no hex digits"),
+                       ("a" * 40, "more than 39 hex digits")):
+        cli.fails(["job", "register", "--job", "1", "--uid", "0", "--devices", devs], "job",
+                  "EINVAL", rc_want=2, sock=False, detail=want)
+    # Well-formed ones go on (to the missing socket).
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    cli.fails(nosock + ["job", "register", "--job", "1", "--uid", "0", "--devices",
+                        "GPU-0a1B-2c, 3d4e5f60-7182-93a4-b5c6-d7e8f9a0b1c2"], "job", "ECONNECT",
+              sock=False)
+    # Probe 16 D3: zeros:'s dtype is named with the dtypes taken.
+    cli.fails(["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1",
+               "zeros:F32:4"], "kernel", "EINVAL", rc_want=2, sock=False,
+              detail="bad dtype 'F32' in 'zeros:F32:4' (want f32, f64, c64, c128, f16 or bf16)")
     for devs, want in (("GPU-1,", "--devices 'GPU-1,': item 2 is empty"),
                        ("a,,b", "--devices 'a,,b': item 2 is empty"),
                        ("a, b c,d", "--devices 'a, b c,d': item 2 'b c' holds a blank")):

@@ -875,6 +875,193 @@ static void test_bad_job_env(void **state) {
   unsetenv("SLURM_JOB_ID");
 }
 
+/* ---- probe 16 D ---------------------------------------------------------- */
+
+/* Connects with name and returns its name as dspk_status_get gives it (the
+ * daemon's escaped form, cut to fit char name[64] after a whole character
+ * or escape and marked "\..."). */
+static void status_name(const char *name, char out[64]) {
+  dspk_client *c = NULL, *o = NULL;
+  dspk_status *st = NULL;
+  assert_int_equal(dspk_connect(sockpath, name, &c), 0);
+  assert_int_equal(dspk_connect(sockpath, "observer", &o), 0);
+  assert_int_equal(dspk_status_get(o, &st), 0);
+  out[0] = '\0';
+  for (size_t i = 0; i < st->nclients; i++)
+    if (st->clients[i].pid == (int64_t)getpid() && strcmp(st->clients[i].name, "observer") != 0)
+      strcpy(out, st->clients[i].name);
+  dspk_status_free(st);
+  dspk_close(o);
+  dspk_close(c);
+}
+
+/* D2: a name whose escaped form passes 63 bytes was cut inside an escape
+ * ("\u2", a lone backslash); it is cut after a whole escape or character
+ * and ends in the mark "\...", which no whole name shows. */
+static void test_status_name_cut(void **state) {
+  char name[64], got[64], want[64];
+  (void)state;
+  /* 21 zero-width spaces (63 bytes): 21 escapes of 6 bytes; 9 fit in 59. */
+  name[0] = '\0';
+  for (int i = 0; i < 21; i++)
+    strcat(name, "\xe2\x80\x8b");
+  status_name(name, got);
+  want[0] = '\0';
+  for (int i = 0; i < 9; i++)
+    strcat(want, "\\u200b");
+  strcat(want, "\\...");
+  assert_string_equal(got, want);
+  /* 61 backslashes and an e-acute: 29 pairs fit, then the mark (an odd
+   * run of backslashes: the last one alone). */
+  memset(name, '\\', 61);
+  strcpy(name + 61, "\xc3\xa9");
+  status_name(name, got);
+  memset(want, '\\', 59);
+  strcpy(want + 59, "...");
+  assert_string_equal(got, want);
+  /* 40 letters, 7 right-to-left overrides, a letter: 40 + 3 escapes. */
+  memset(name, 'a', 40);
+  name[40] = '\0';
+  for (int i = 0; i < 7; i++)
+    strcat(name, "\xe2\x80\xae");
+  strcat(name, "b");
+  status_name(name, got);
+  memset(want, 'a', 40);
+  strcpy(want + 40, "\\u202e\\u202e\\u202e\\...");
+  assert_string_equal(got, want);
+  /* A name whose escaped form fits is whole. */
+  status_name("a\\b", got);
+  assert_string_equal(got, "a\\\\b");
+  memset(name, 'x', 63);
+  name[63] = '\0';
+  status_name(name, got);
+  assert_string_equal(got, name);
+}
+
+/* D1: a subscript byte that starts no UTF-8 character is named by its
+ * value in the daemon's words ("byte 0xff"), not as the U+FFFD packing
+ * would make of it. */
+static void test_contract_bad_byte(void **state) {
+  dspk_client *c = NULL;
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[2] = {2, 2};
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_int_equal(dspk_connect(sockpath, "contract", &c), 0);
+  dspk_tensor_inline(&in[0], DSPK_F32, 2, shape, x);
+  dspk_tensor_inline(&in[1], DSPK_F32, 2, shape, x);
+  dspk_task_init(&t, DSPK_OP_CONTRACT);
+  t.device = "cpu:0";
+  t.inputs = in;
+  t.ninputs = 2;
+  t.contract.subscripts = "ik,kj->ij\xff";
+  assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(c), "contract: \"ik,kj->ij\xef\xbf\xbd\": byte 0xff is not "
+                                          "a letter (labels are a-z, A-Z)");
+  /* A valid character: the daemon's own message names it. */
+  t.contract.subscripts = "ik,kj->i\xc3\xa9";
+  assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(c), "'\xc3\xa9' (U+00E9) is not a letter"));
+  t.contract.subscripts = "ik,kj->ij";
+  assert_int_equal(dspk_run(c, &t, &r), 0);
+  dspk_result_free(&r);
+  dspk_close(c);
+}
+
+/* D3: the limits of sizes, offsets and counts are stated in the message. */
+static void test_limits_stated(void **state) {
+  dspk_client *c = NULL;
+  void *p = NULL;
+  uint64_t id = 0;
+  float x[4] = {0};
+  int64_t n4 = 4;
+  dspk_tensor in[8];
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk = 0;
+  bool written = false;
+  int fd = tmpfile_rw("offset.out");
+  (void)state;
+  assert_int_equal(dspk_connect(sockpath, "limits", &c), 0);
+  /* dspk_result_to_file: 2^62-1 taken, 2^62 refused naming the limit. */
+  dspk_tensor_inline(&in[0], DSPK_F32, 1, &n4, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.map.fn = DSPK_MAP_ABS;
+  t.inputs = in;
+  t.ninputs = 1;
+  assert_int_equal(dspk_submit(c, &t, &tk), 0);
+  assert_int_equal(dspk_result_to_file(c, tk, fd, (uint64_t)1 << 62, &written), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(c), "dspk_result_to_file: offset 4611686018427387904 is "
+                                          "more than 2^62-1 (4611686018427387903), the largest "
+                                          "this call takes");
+  assert_int_equal(dspk_result_to_file(c, tk, fd, ((uint64_t)1 << 62) - 1, &written), 0);
+  assert_int_equal(dspk_wait(c, tk, &r), 0);
+  dspk_result_free(&r);
+  close(fd);
+  /* dspk_shared_alloc: past a file's largest size, EINVAL saying so (was
+   * ENOMEM "File too large"); too much to map, ENOMEM naming mmap. */
+  assert_int_equal(dspk_shared_alloc(c, NULL, (size_t)1 << 63, &p, &id), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(c), "dspk_shared_alloc: bytes 9223372036854775808 passes "
+                                          "a file's largest size (2^63-1)");
+  assert_int_equal(dspk_shared_alloc(c, NULL, SIZE_MAX, &p, &id), DSPK_EINVAL);
+  assert_int_equal(dspk_shared_alloc(c, NULL, (size_t)INT64_MAX, &p, &id), DSPK_ENOMEM);
+  assert_non_null(strstr(dspk_last_error(c), "more than this process can map (mmap: "));
+  /* dspk_run: more than 4 inputs, refused before any is read (inputs[4]
+   * on is garbage here: a NULL data with a size). */
+  for (int i = 1; i < 8; i++)
+    dspk_tensor_inline(&in[i], DSPK_F32, 1, &n4, i < 4 ? x : NULL);
+  t.ninputs = 8;
+  assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(c), "inputs: expected a non-empty array of at most 4 "
+                                          "tensors, got an array of 8 items");
+  /* dspk_job_register: at most 64 UUIDs, said before any is read (the
+   * 65th is NULL here) or the caller's rights are asked. */
+  const char *uu[65];
+  char *json = NULL;
+  for (int i = 0; i < 64; i++)
+    uu[i] = "GPU-0";
+  uu[64] = NULL;
+  assert_int_equal(dspk_job_register(c, 1, 0, uu, 65, &json), DSPK_ELIMIT);
+  assert_string_equal(dspk_last_error(c), "dspk_job_register: n 65 is more than 64 UUIDs, the "
+                                          "most a job registers");
+  dspk_close(c);
+}
+
+/* D7: a path that is no socket is named as dspk-submit names it; an empty
+ * one is DSPK_EINVAL; a newline in a path is shown escaped. */
+static void test_connect_not_socket(void **state) {
+  dspk_client *c = NULL;
+  char path[160], want[400];
+  (void)state;
+  assert_int_equal(dspk_connect("", NULL, &c), DSPK_EINVAL);
+  assert_string_equal(dspk_connect_error(), "socket path is empty");
+  snprintf(path, sizeof path, "%s/file", tmpdir);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(dspk_connect(path, NULL, &c), DSPK_ECONNECT);
+  snprintf(want, sizeof want, "connect to %s: %s is a regular file, not a socket", path, path);
+  assert_string_equal(dspk_connect_error(), want);
+  unlink(path);
+  assert_int_equal(dspk_connect(tmpdir, NULL, &c), DSPK_ECONNECT);
+  snprintf(want, sizeof want, "connect to %s: %s is a directory, not a socket", tmpdir, tmpdir);
+  assert_string_equal(dspk_connect_error(), want);
+  assert_int_equal(dspk_connect("/dev/null", NULL, &c), DSPK_ECONNECT);
+  assert_string_equal(dspk_connect_error(),
+                      "connect to /dev/null: /dev/null is a character device, not a socket");
+  snprintf(path, sizeof path, "%s/a\nb", tmpdir);
+  fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(dspk_connect(path, NULL, &c), DSPK_ECONNECT);
+  assert_null(strchr(dspk_connect_error(), '\n'));
+  assert_non_null(strstr(dspk_connect_error(), "a\\nb is a regular file, not a socket"));
+  unlink(path);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -897,6 +1084,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_threshold_remedy),
       cmocka_unit_test(test_threshold_remedy_quota),
       cmocka_unit_test(test_bad_job_env),
+      cmocka_unit_test(test_status_name_cut),
+      cmocka_unit_test(test_contract_bad_byte),
+      cmocka_unit_test(test_limits_stated),
+      cmocka_unit_test(test_connect_not_socket),
   };
   return cmocka_run_group_tests(tests, start_daemons, stop_daemons);
 }

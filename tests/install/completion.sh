@@ -56,6 +56,20 @@ complete_rl() {
     [[ $got == *" $w "* ]] || { echo "FAIL: '$line' (readline's words) offered [${COMPREPLY[*]}], not $w"; bad=1; }
   done
 }
+# complete_not LINE WORD...: no WORD is offered for LINE's last word.
+complete_not() {
+  local line=$1; shift
+  unset COMP_LINE COMP_POINT
+  read -r -a COMP_WORDS <<<"$line"
+  [[ $line == *' ' ]] && COMP_WORDS+=("")
+  COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+  COMPREPLY=()
+  _dspk_submit
+  local got=" ${COMPREPLY[*]} " w
+  for w in "$@"; do
+    [[ $got != *" $w "* ]] || { echo "FAIL: '$line' offered $w: [${COMPREPLY[*]}]"; bad=1; }
+  done
+}
 # none: no candidate at all.
 none() {
   [[ ${#COMPREPLY[@]} -eq 0 ]] || { echo "FAIL: $1 offered [${COMPREPLY[*]}]"; bad=1; }
@@ -77,6 +91,38 @@ complete_is "dspk-submit map -o y.npy " add scale exp
 complete_rl "dspk-submit map --output=y.npy " add scale exp
 complete_is "dspk-submit reduce --axis 0 sum " a.npy b.npy
 complete_is "dspk-submit map -o y.npy scale " a.npy b.npy
+# Probe 16 D5: an option that takes one value is not offered once given
+# (the line would be refused: "option '--output' given twice"), however it
+# was spelled; one whose values add up (reduce --axis, kernel -o) and
+# flags are; map's --alpha only after scale and axpy (or before FN).
+complete_not "dspk-submit gemm -o x.npy --o" --output
+complete_not "dspk-submit gemm --output=x.npy -" --output -o
+complete_not "dspk-submit gemm -ox.npy -" --output -o
+complete_is "dspk-submit gemm -ox.npy -" --device --alpha --trans-a
+complete_not "dspk-submit gemm --alpha 2 --al" --alpha
+complete_not "dspk-submit gemm --al 2 -" --alpha
+complete_not "dspk-submit ping -c 3 -" --count -c
+complete_is "dspk-submit ping -c 3 -" --size -s --json
+complete_not "dspk-submit ping -c3 -" --count -c
+complete_not "dspk-submit trace -s 5 --s" --seconds
+complete_not "dspk-submit map abs x.npy --device cpu:0 --d" --device
+complete_not "dspk-submit map abs x.npy --al" --alpha
+complete_not "dspk-submit map -o y.npy exp x.npy -" --alpha --output
+complete_is "dspk-submit map scale x.npy --al" --alpha
+complete_is "dspk-submit map axpy x.npy y.npy -" --alpha --output
+complete_is "dspk-submit map --al" --alpha
+complete_is "dspk-submit reduce sum x.npy --axis 0 --ax" --axis
+complete_is "dspk-submit kernel k.cu -o a.npy --o" --output
+complete_is "dspk-submit ping --json -" --json --count
+complete_not "dspk-submit job register --job 1 --j" --job
+complete_is "dspk-submit job register --job 1 --" --uid --devices
+# The tables say so: one line an option, "values" for those that add up.
+[[ $(dspk-submit --list-options reduce | grep -- '^--axis ') == "--axis -a values" &&
+   $(dspk-submit --list-options kernel | grep -- '^--output ') == "--output -o values" &&
+   $(dspk-submit --list-options gemm | grep -- '^--output ') == "--output -o value" &&
+   -z $(dspk-submit --list-options map abs | grep -- '^--alpha') &&
+   -n $(dspk-submit --list-options map scale | grep -- '^--alpha') ]] ||
+  { echo "FAIL: --list-options: values, map FN"; bad=1; }
 # --device is an option of the commands, not of dspk-submit: nothing before one.
 for line in "dspk-submit --device " "dspk-submit -d " "dspk-submit -o "; do
   complete_is "$line"
@@ -148,7 +194,7 @@ for line in "" help "${cmds[@]}" "cache stats" "cache clear" "job register" "job
   [[ $(printf '%s\n' "${offered[@]}" | sort | uniq -d) == "" ]] ||
     { echo "FAIL: 'dspk-submit $line -' offered one twice: [${offered[*]}]"; bad=1; }
   read -r -a lw <<<"$line"
-  vals=" $(dspk-submit --list-options "${lw[@]}" | awk '$3 == "value" {print $1, $2}' | tr '\n' ' ') "
+  vals=" $(dspk-submit --list-options "${lw[@]}" | awk '$3 == "value" || $3 == "values" {print $1, $2}' | tr '\n' ' ') "
   for o in "${offered[@]}"; do
     args=("$o")
     [[ $vals == *" $o "* ]] && args+=(1)
@@ -245,14 +291,20 @@ for pair in "~/d.sock|$HOME/d.sock" "~$me/d.sock|$(getent passwd "$me" | cut -d:
             '"$DSPK_T_DIR/d.sock"|/run/t/d.sock' "'/run/t/d.sock'|/run/t/d.sock" \
             '"${DSPK_T_DIR}"/s\ p.sock|/run/t/s p.sock' '/run/t/a\"b.sock|/run/t/a"b.sock' \
             "'/run/\$DSPK_T_DIR'|/run/\$DSPK_T_DIR" '"/run/\$x\\y\z"|/run/$x\y\z' \
-            '~/"d s".sock|'"$HOME/d s.sock" '"~/d.sock"|~/d.sock'; do
-  typed=${pair%%|*} want=${pair#*|}
-  for form in split joined; do
+            '~/"d s".sock|'"$HOME/d s.sock"'|~/d s.sock' '"~/d.sock"|~/d.sock'; do
+  # typed|as bash expands it alone|as it expands it glued to --socket= or
+  # -S (no tilde expansion there: probe 16 D6), when that differs.
+  IFS='|' read -r typed want wantj <<<"$pair"
+  [[ -z $wantj && $typed == "~"* ]] && wantj=$typed
+  for form in split joined short; do
     if [[ $form == split ]]; then
       words=("$tmp/fake-submit" --socket "$typed" gemm a.npy -d "")
-    else
+    elif [[ $form == joined ]]; then
       words=("$tmp/fake-submit" "--socket=$typed" gemm a.npy -d "")
+    else
+      words=("$tmp/fake-submit" "-S$typed" gemm a.npy -d "")
     fi
+    [[ $form != split && -n $wantj ]] && want=$wantj || want=${pair#*|} want=${want%%|*}
     got=$(WANT_SOCK=$want DSPK_T_DIR=/run/t bash -c '. "$1/packaging/completion/dspk-submit"
       shift; COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
       _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "${words[@]}")
