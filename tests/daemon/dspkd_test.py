@@ -649,10 +649,45 @@ def t_garbage(exe, tmp):
             ("task.run", {"op": "gemm", "inputs": [{"dtype": "f32", "shape": [2, -1]}, inl]},
              "tensor shape[1]: expected a non-negative integer, got the integer -1"),
             ("task.run", {"op": "reduce", "inputs": [inl], "options": {"axes": [1.5]}},
-             "options.axes[0]: expected an integer, got the number 1.5")):
+             "options.axes[0]: expected an integer, got the float 1.5"),
+            # A float is named a float, an integral one too, in its shortest
+            # form (probe 16 A#2: "got the number 1", "0.10000000000000001").
+            ("task.run", {"op": "reduce", "inputs": [inl], "options": {"axes": [1.0]}},
+             "options.axes[0]: expected an integer, got the float 1.0"),
+            ("buffer.create", {"size": 0.1}, "size: expected a byte count, got the float 0.1"),
+            ("buffer.create", {"size": 1e300},
+             "size: expected a byte count, got the float 1e+300"),
+            ("buffer.create", {"size": -0.0}, "got the float -0.0"),
+            ("buffer.create", {"size": float("nan")}, "got the float nan"),
+            ("buffer.create", {"size": 2.0 ** 70}, "got the float 1.1805916207174113e+21")):
         e = c.expect_error("EINVAL", method, args)
         check(want in e.err["message"], "%s %r: %r, want %r" % (method, args, e.err["message"],
                                                               want))
+    # A client string echoed cut is marked so (probe 16 A#3: a cut dtype
+    # read as another dtype the client never sent).
+    for method, args, want in (
+            ("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [{"dtype": "float32_little_endian", "shape": [1],
+                                      "data": b"xxxx"}]},
+             'unknown dtype "float32_little_e..."'),
+            ("task.run", {"op": "gemm" + "x" * 28 + "_TAIL", "inputs": [inl, inl]},
+             'unknown op "gemm' + "x" * 28 + '..."'),
+            ("task.run", {"op": "map", "inputs": [inl], "options": {"fn": "\u00e9" * 17}},
+             'unknown function "' + "\u00e9" * 16 + '..."'),
+            ("task.run", {"op": "map", "inputs": [inl], "options": {"fn": "x" * 32}},
+             'unknown function "' + "x" * 32 + '" (')):
+        e = c.expect_error("EDTYPE" if "dtype" in want else "EINVAL", method, args)
+        check(want in e.err["message"], "%s: %r, want %r" % (method, e.err["message"], want))
+    e = c.expect_error("ENOMETHOD", "m" * 70)
+    check('"%s..."' % ("m" * 64) in e.err["message"], "method cut: %r" % e.err["message"])
+    # A float32 in its own shortest form (0.1f is 0.100000001490116...).
+    for v, want in ((0.1, "0.1"), (4096.0, "4096.0"), (1e-45, "1e-45")):
+        c.sock.sendall(msgpack.packb([0, 20, "buffer.create", [{"size": v}]],
+                                     use_single_float=True))
+        while 20 not in c.responses:
+            c.pump()
+        got = c.responses.pop(20)[2]["message"]
+        check(got.endswith("got the float " + want), "float32 %r: %r" % (v, got))
     # An empty string is a value, not a missing one.
     c.call("hello", {"client": "named"})
     c.call("hello", {"client": ""})
@@ -2867,6 +2902,48 @@ def t_memquota(exe, tmp):
     e = c.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": mem // 100 * 60})
     check("max_user_memory" in e.err["message"], "default quota: %s" % e.err)
     c.close()
+    d.stop()
+
+    # A buffer freed while a task still uses it stays allocated, and
+    # counted, until that task lets go (probe 16 A#1: it counted in no
+    # quota nor in status, and a user held many times its max_user_memory
+    # through several connections).  The hook holds the task on the runner
+    # until it is canceled.
+    d = Daemon(exe, tmp, ["--max-user-memory", "64M", "--no-cache"],
+               env=dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before"))
+    hook = "waits for the task's cancel before it runs"
+    shape = [512, 1024]  # 2 MiB of f32: run on the runner, not inline
+    a, b = d.client(), d.client()
+    buf = a.call("buffer.create", {"device": "cpu:0", "size": 40 * M})["buffer"]
+    mid = a.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [{"buffer": buf, "dtype": "f32", "shape": shape}]})
+    deadline = time.monotonic() + TIMEOUT
+    while hook not in d.logtext():
+        check(time.monotonic() < deadline, "the task reached the hook")
+        time.sleep(0.005)
+    a.call("buffer.free", {"buffer": buf})
+    me = [x for x in a.call("status")["clients"] if x["self"]][0]
+    check((me["buffers"], me["buffer_bytes"]) == (1, 40 * M),
+          "a freed buffer a task holds is in status: %r" % me)
+    # 40 MiB held + 2 MiB of the task's inline result + 30 MiB > 64 MiB.
+    e = b.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 30 * M})
+    check("this user already holds %d " % (42 * M) in e.err["message"],
+          "the held buffer counts for its user: %s" % e.err)
+    e = a.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 30 * M})
+    check("max_user_memory" in e.err["message"], "and for its connection: %s" % e.err)
+    a.call("task.cancel", {"msgid": mid})
+    try:
+        a.wait(mid)
+    except RpcError as e:
+        check(e.name == "ECANCELED", "held task: ECANCELED, got %s" % e.name)
+    # Released once the task has let go.
+    deadline = time.monotonic() + TIMEOUT
+    while any(x["buffer_bytes"] for x in b.call("status")["clients"]):
+        check(time.monotonic() < deadline, "the held buffer was released")
+        time.sleep(0.005)
+    b.call("buffer.create", {"device": "cpu:0", "size": 60 * M})
+    a.close()
+    b.close()
     d.stop()
 
 
