@@ -723,6 +723,39 @@ def t_garbage(exe, tmp):
           "max_message: ELIMIT: %r" % notes)
     c.close()
     d.stop()
+    # The ELIMIT texts of a small max_message: counts with their noun's
+    # number, and advice that works (probe 16 A#4: "1 bytes", "read in
+    # pieces" where no piece could be read).
+    for mm, what, args, want in (
+            (64, "buffer.read", {"size": 1},
+             "reading 1 byte at once; this daemon's max_message (64) leaves no room for "
+             "data in a reply: no buffer.read can return any"),
+            (200, "buffer.read", {"size": 137},
+             "reading 137 bytes at once; the reply may hold at most 136 (max_message less "
+             "64): read at most 136 bytes per call"),
+            (65, "buffer.read", {"size": 2}, "read at most 1 byte per call"),
+            (1025, "task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                "inputs": [tensor(np.ones(1, np.float32))]},
+             "map: the inline result would be 4 bytes, more than the 1 byte a response may "
+             "carry (max_message less 1024 bytes of framing): write it into a buffer"),
+            (1024, "task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                "inputs": [{"buffer": 0, "dtype": "f32", "shape": [1]}]},
+             "map: the inline result would be 4 bytes, and no response of this daemon may "
+             "carry an inline result")):
+        d = Daemon(exe, tmp, ["--max-message", str(mm)])
+        c = d.client()
+        b = c.call("buffer.create", {"device": "cpu:0", "size": 1000})["buffer"]
+        if what == "buffer.read":
+            args = dict(args, buffer=b)
+            check(c.call("buffer.read", {"buffer": b, "size": 0})["data"] == b"",
+                  "max_message %d: an empty read" % mm)
+        elif args["inputs"][0].get("buffer") == 0:
+            args = dict(args, inputs=[dict(args["inputs"][0], buffer=b)])
+        e = c.expect_error("ELIMIT", what, args)
+        check(want in e.err["message"], "max_message %d: %r, want %r" % (mm, e.err["message"],
+                                                                      want))
+        c.close()
+        d.stop()
 
 
 def gemm_task(bufs, n):
