@@ -1508,11 +1508,11 @@ def t_utf8(exe, tmp):
     check(sorted(byid) == [1, 2, 3, 4], "one answer each: %r" % (answers,))
     m1 = byid[1][2]["message"]
     check(byid[1][2]["name"] == "ENOMETHOD", "unknown method: %r" % (byid[1],))
-    check(("m" * 63) in m1 and "\u00e9" not in m1 and "\ufffd" not in m1,
-          "cut before the character, not inside it: %r" % m1)
+    check(("m" * 63 + "...\"") in m1 and "\u00e9" not in m1 and "\ufffd" not in m1,
+          "cut before the character, not inside it, and marked: %r" % m1)
     check(byid[2][2]["name"] == "EDTYPE", "bad dtype: %r" % (byid[2],))
-    check("f" * 15 + "\"" in byid[2][2]["message"], "dtype cut whole: %r" % (byid[2],))
-    check(byid[3][2]["name"] == "EINVAL" and "k" * 31 + "\"" in byid[3][2]["message"],
+    check("f" * 15 + "...\"" in byid[2][2]["message"], "dtype cut whole: %r" % (byid[2],))
+    check(byid[3][2]["name"] == "EINVAL" and "k" * 31 + "...\"" in byid[3][2]["message"],
           "kind cut whole: %r" % (byid[3],))
     m4 = byid[4][2]["message"]
     check("bad\ufffd\ufffd\ufffd" in m4, "invalid bytes replaced by U+FFFD: %r" % m4)
@@ -4405,6 +4405,15 @@ def t_inplace(exe, tmp):
     landed = in_place() - base
     check(landed >= size // 2, "pipelined pieces were received in place (%d bytes)" % landed)
     check(c.call("buffer.read", {"buffer": b})["data"] == bytes(ref), "pieces landed")
+    # Without its offset (0 by default) too (probe 16 A nit: the doc's
+    # "after buffer and offset" read as offset required).
+    data = rng.bytes(128 << 10)
+    ref[:len(data)] = data
+    base = in_place()
+    check(c.call("buffer.write", {"buffer": b, "data": data}) == {"size": len(data)},
+          "a write without offset")
+    check(in_place() - base == len(data), "a write without offset was received in place")
+    check(c.call("buffer.read", {"buffer": b})["data"] == bytes(ref), "it landed")
 
     # One frame in pieces of every kind: the head cut in two, the head alone,
     # data in small and large pieces, and a ping right behind the data.
