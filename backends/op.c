@@ -640,12 +640,19 @@ int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limi
   for (int i = 0; i < nres; i++)
     if (inline_mask & (1u << i))
       add_chk(&inl, dspk__tensor_nbytes(&res[i]), &inl_over);
+  if ((inl_over || inl > lim->max_inline) && lim->max_inline == 0)
+    return dspk__fail(msg, msglen, DSPK_ELIMIT,
+                "%s: the inline result would be %llu byte%s, and no response of this daemon "
+                "may carry an inline result (its max_message leaves 1024 bytes or less, "
+                "all for framing): write it into a buffer (task.run outputs: [{buffer, "
+                "offset}])", name, (unsigned long long)inl, dspk__s(inl));
   if (inl_over || inl > lim->max_inline)
     return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                "%s: the inline result would be %llu bytes, more than the %llu bytes a "
-                "response may carry (max_message less framing): write it into a buffer "
-                "(task.run outputs: [{buffer, offset}])",
-                name, (unsigned long long)inl, (unsigned long long)lim->max_inline);
+                "%s: the inline result would be %llu byte%s, more than the %llu byte%s a "
+                "response may carry (max_message less 1024 bytes of framing): write it into "
+                "a buffer (task.run outputs: [{buffer, offset}])",
+                name, (unsigned long long)inl, dspk__s(inl), (unsigned long long)lim->max_inline,
+                dspk__s(lim->max_inline));
   /* Temporaries on the device: inline inputs, and results not written into
    * a buffer (a kernel's results are its inputs). */
   for (int i = 0; i < op->nin; i++)
@@ -655,9 +662,9 @@ int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limi
     add_chk(&tmp, inl, &tmp_over);
   if (tmp_over || tmp > lim->max_bytes)
     return dspk__fail(msg, msglen, DSPK_ENOMEM,
-                "%s: needs %llu bytes of device memory for its inline operands and "
+                "%s: needs %llu byte%s of device memory for its inline operands and "
                 "results, more than the device has (%llu)",
-                name, (unsigned long long)tmp, (unsigned long long)lim->max_bytes);
+                name, (unsigned long long)tmp, dspk__s(tmp), (unsigned long long)lim->max_bytes);
   return 0;
 }
 

@@ -56,6 +56,33 @@ int dspkd_conn_buf_add(struct conn *c, struct dbuf *b) {
   return 0;
 }
 
+void dspkd_conn_buf_hold(struct conn *c, struct dbuf *b) {
+  b->held_by = c;
+  b->held_prev = NULL;
+  if ((b->held_next = c->held_list) != NULL)
+    c->held_list->held_prev = b;
+  c->held_list = b;
+  c->held_bufs++;
+  c->held_bytes += b->size;
+}
+
+void dspkd_conn_buf_unhold(struct dbuf *b) {
+  struct conn *c = b->held_by;
+  if (!c)
+    return;
+  if (b->held_prev)
+    b->held_prev->held_next = b->held_next;
+  else
+    c->held_list = b->held_next;
+  if (b->held_next)
+    b->held_next->held_prev = b->held_prev;
+  b->held_prev = b->held_next = NULL;
+  b->held_by = NULL;
+  c->held_bufs--;
+  c->held_bytes -= b->size;
+  dspkd_quota_buf(c, b, -1);
+}
+
 struct dbuf *dspkd_conn_buf_remove(struct conn *c, uint64_t id) {
   ssize_t i = find_index(c, id);
   struct dbuf *b;
@@ -65,7 +92,10 @@ struct dbuf *dspkd_conn_buf_remove(struct conn *c, uint64_t id) {
   memmove(&c->bufs[i], &c->bufs[i + 1], (c->nbufs - (size_t)i - 1) * sizeof(*c->bufs));
   c->nbufs--;
   c->buf_bytes -= b->size;
-  dspkd_quota_buf(c, b, -1);
+  /* Its memory stays charged to c until the last job that uses it lets go
+   * (probe 16 A#1: freed under queued tasks, it was allocated but counted
+   * by no quota). */
+  dspkd_conn_buf_hold(c, b);
   return b; /* the caller drops the table's reference */
 }
 
@@ -75,16 +105,9 @@ void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b) {
   struct job *j;
   if (!b || --b->refs > 0)
     return;
-  if (b->held_by) { /* its closed connection counts it no more */
-    struct conn *c = b->held_by;
-    for (size_t i = 0; i < c->held_bufs; i++)
-      if (c->bufs[i] == b) {
-        c->bufs[i] = c->bufs[--c->held_bufs];
-        break;
-      }
-    c->held_bytes -= b->size;
-    b->held_by = NULL;
-  }
+  /* Its connection counts it no more, in status nor in the quotas: its
+   * memory goes to the runner now, which frees it before its next job. */
+  dspkd_conn_buf_unhold(b);
   /* The memory belongs to the runner: it frees it and this struct, with
    * the job reserved at creation (found by tests/oom: a failed allocation
    * here leaked the buffer). */

@@ -454,10 +454,10 @@ void dspkd_conn_unref(struct conn *c) {
   rb_count(c);
   if (c->share_fds) /* none is left once its jobs and writes are gone */
     dspkd_shm_share_count(c, -(int)c->share_fds);
+  while (c->held_list) /* none is left once its jobs are gone */
+    dspkd_conn_buf_unhold(c->held_list);
   dspkd_user_put(d, c->user);
   dspkd_job_conn_gone(c);
-  for (size_t i = 0; i < c->held_bufs; i++) /* none is left once its jobs are gone */
-    c->bufs[i]->held_by = NULL;
   free(c->bufs);
   dspkd_sched_conn_free(c->q);
   free(c->mem);
@@ -605,19 +605,14 @@ void dspkd_conn_close(struct conn *c, const char *why) {
   if (!c->notice)
     dspkd_shm_conn_park(c);
   /* The table's references go; a buffer a job still holds stays allocated
-   * until that job lets go: kept in bufs[0..held_bufs) so that status and
-   * metrics count it until then (dspkd_dbuf_unref takes it out). */
+   * until that job lets go: kept in the held list so that status, metrics
+   * and the quotas count it until then (dspkd_dbuf_unref takes it out). */
   size_t nb = c->nbufs;
   c->nbufs = 0;
   c->buf_bytes = 0;
   for (size_t i = 0; i < nb; i++) {
     struct dbuf *b = c->bufs[i];
-    dspkd_quota_buf(c, b, -1);
-    if (b->refs > 1) {
-      b->held_by = c;
-      c->bufs[c->held_bufs++] = b;
-      c->held_bytes += b->size;
-    }
+    dspkd_conn_buf_hold(c, b);
     dspkd_dbuf_unref(d, b);
   }
   if (c->notice) {

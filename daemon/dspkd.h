@@ -198,9 +198,13 @@ struct dbuf {
   struct mpin *pin;      /* runner only: answers sent from mem, or NULL */
   int landing;           /* loop only: its refs held by buffer.write jobs whose
                             data the loop received into mem itself (landed) */
-  struct conn *held_by;  /* loop only: the closed connection whose table held
-                            it while a job still holds it (in its held list,
-                            counted by status and metrics until it is freed) */
+  /* Loop only: the connection whose table held it, once freed (buffer.free,
+   * a failed buffer.share, the connection's close) while jobs still hold it:
+   * in that connection's held list (held_prev, held_next), it counts as the
+   * connection's in status, the metrics and the memory quotas until the
+   * last job lets go (dspkd_dbuf_unref). */
+  struct conn *held_by;
+  struct dbuf *held_prev, *held_next;
 };
 
 /* One connection's FIFO of jobs for one device (daemon/sched.c). */
@@ -412,13 +416,15 @@ struct conn {
   size_t inflight;          /* device jobs not yet answered (c->jobs); with
                              * owed: dspkd_conn_inflight() */
   struct job *jobs;         /* in-flight jobs */
-  struct dbuf **bufs;       /* sorted by id; once closing, the held ones */
+  struct dbuf **bufs;       /* its table, sorted by id */
   size_t nbufs, capbufs;
   uint64_t buf_bytes;
-  /* Closing: the buffers of its table that jobs still hold (bufs[0..
-   * held_bufs)), whose memory is freed when the last job lets go; status,
-   * the per-job metrics and job.end count them as the connection's until
-   * then (a 512 MiB buffer under a running FFT stays allocated). */
+  /* The buffers taken out of its table (buffer.free, its close) that jobs
+   * still hold (a list through dbuf.held_next), whose memory is freed when
+   * the last job lets go; status, the per-job metrics, job.end and the
+   * memory quotas count them as the connection's until then (a 512 MiB
+   * buffer under a running FFT stays allocated). */
+  struct dbuf *held_list;
   size_t held_bufs;
   uint64_t held_bytes;
   struct cqueue *q;         /* [d->ndevs] */
@@ -599,6 +605,12 @@ void dspkd_stop_progress(struct dspkd *d);
 struct dbuf *dspkd_conn_buf_find(struct conn *c, uint64_t id);
 int dspkd_conn_buf_add(struct conn *c, struct dbuf *b);
 struct dbuf *dspkd_conn_buf_remove(struct conn *c, uint64_t id);
+/* Puts b, out of c's table, on c's held list: c's status and quotas count
+ * it until dspkd_conn_buf_unhold (by the last dspkd_dbuf_unref). */
+void dspkd_conn_buf_hold(struct conn *c, struct dbuf *b);
+/* Takes b off its connection's held list and out of its quotas; nothing
+ * when it is on none. */
+void dspkd_conn_buf_unhold(struct dbuf *b);
 void dspkd_dbuf_ref(struct dbuf *b);
 /* Drops a reference; the last one queues the release of its memory on the
  * device's runner. */

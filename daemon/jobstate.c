@@ -653,8 +653,11 @@ static int field_num(const char *kind, const char *what, const char *s, uint64_t
   else
     snprintf(why, len, "%s: %s %.24s%s is out of range (%" PRIu64 " to %" PRIu64 "%s)", kind,
              what, s, k > 24 ? "..." : "", lo, hi,
-             lo == 1 ? ": 0 is no Slurm job" : hi == UINT32_MAX - 1 ? ": 4294967295 is no uid"
-                                                                : "");
+             /* The note only for the value it explains (probe 16 A nit: an ID
+              * of 2^64 was told "0 is no Slurm job"). */
+             lo == 1 && strcmp(s, "0") == 0                   ? ": 0 is no Slurm job"
+             : hi == UINT32_MAX - 1 && strcmp(s, "4294967295") == 0 ? ": 4294967295 is no uid"
+                                                                     : "");
   return -1;
 }
 

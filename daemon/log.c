@@ -167,8 +167,8 @@ static void *writer_main(void *arg) {
     }
     if (!q_len && q_dropped) {
       char msg[160], line[256];
-      snprintf(msg, sizeof msg, "%llu log lines dropped: the log's reader did not keep up "
-               "(docs/admin.md, \"Logs\")", (unsigned long long)q_dropped);
+      snprintf(msg, sizeof msg, "%llu log line%s dropped: the log's reader did not keep up "
+               "(docs/admin.md, \"Logs\")", (unsigned long long)q_dropped, dspk__s(q_dropped));
       q_dropped = 0;
       size_t n = format_line(line, sizeof line, DSPKD_WARN, msg);
       if (n)
@@ -359,9 +359,10 @@ static uint64_t mono_ms(void) {
 /* The summary of slot i's minute, when it held back lines (cl_mu held). */
 static void cl_summary(int i) {
   if (cl[i].suppressed)
-    dspkd_log(DSPKD_NOTICE, "uid %ld: %llu more lines about its clients' requests were not "
+    dspkd_log(DSPKD_NOTICE, "uid %ld: %llu more line%s about its clients' requests %s not "
               "logged in the minute after %u were (at most %d a minute per uid)", cl[i].uid,
-              (unsigned long long)cl[i].suppressed, cl[i].lines, LOG_CLIENT_BURST);
+              (unsigned long long)cl[i].suppressed, dspk__s(cl[i].suppressed),
+              cl[i].suppressed == 1 ? "was" : "were", cl[i].lines, LOG_CLIENT_BURST);
   cl[i].suppressed = 0;
 }
 

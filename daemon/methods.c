@@ -739,9 +739,16 @@ static int m_buffer_read(struct req *r) {
     return fail(r, DSPK_ERANGE, "reading %" PRIu64 " byte%s at offset %" PRIu64
                 " overruns buffer %" PRIu64 " of %" PRIu64 " byte%s", size,
                 size == 1 ? "" : "s", off, b->id, b->size, b->size == 1 ? "" : "s");
+  /* The advice must work (probe 16 A#4: "read in pieces" where no piece
+   * could be read). */
+  if (size > max && max == 0)
+    return fail(r, DSPK_ELIMIT, "reading %" PRIu64 " byte%s at once; this daemon's "
+                "max_message (64) leaves no room for data in a reply: no buffer.read can "
+                "return any (its administrator may raise max_message)", size, dspk__s(size));
   if (size > max)
-    return fail(r, DSPK_ELIMIT, "reading %" PRIu64 " bytes at once; the reply may hold at "
-                "most %" PRIu64 " (max_message): read in pieces", size, max);
+    return fail(r, DSPK_ELIMIT, "reading %" PRIu64 " byte%s at once; the reply may hold at "
+                "most %" PRIu64 " (max_message less 64): read at most %" PRIu64 " byte%s "
+                "per call", size, dspk__s(size), max, max, dspk__s(max));
   if (!(j = dspkd_job_new(r->c, JOB_BUF_READ, r->msgid, b->dev)))
     return DSPK_ENOMEM;
   dspkd_dbuf_ref(b);

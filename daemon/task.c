@@ -278,7 +278,14 @@ answer:
 static void exec_read(struct device *dev, struct job *j) {
   struct dspk__pval v[1];
   struct wreq *wr;
-  const void *src = j->buf->host ? NULL : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
+  /* Sent from the buffer's block only when the read is at least half of
+   * it: a block an answer keeps once the buffer is freed or written (moved
+   * to a new block) counts in no memory quota, only in max_unsent as the
+   * answer's bytes, so it may be at most twice those (probe 16 A#1: a small
+   * read of a large buffer kept all of it uncounted). */
+  const void *src = j->buf->host || j->size < j->buf->size - j->size
+                        ? NULL
+                        : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
   struct mpin *pin;
   void *host;
   int err;

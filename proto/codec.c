@@ -10,6 +10,7 @@
  * the frame.  Nothing here does I/O, logs or keeps global state.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -33,6 +34,27 @@ static void counted(char *buf, size_t n, const char *what, uint32_t k, const cha
   snprintf(buf, n, "%s %" PRIu32 " %s", what, k, k == 1 ? one : many);
 }
 
+const char *dspk__float_str(char *buf, size_t n, double v, bool f32) {
+  char t[40];
+  if (v != v) {
+    snprintf(buf, n, "nan");
+    return buf;
+  }
+  if (v == HUGE_VAL || v == -HUGE_VAL) {
+    snprintf(buf, n, "%sinf", v < 0 ? "-" : "");
+    return buf;
+  }
+  /* C has no shortest round-trip format: the first precision that reads
+   * back as v (as a float when f32) is it. */
+  for (int p = 1, last = f32 ? 9 : 17; p <= last; p++) {
+    snprintf(t, sizeof t, "%.*g", p, v);
+    if (f32 ? strtof(t, NULL) == (float)v : strtod(t, NULL) == v)
+      break;
+  }
+  snprintf(buf, n, "%s%s", t, strpbrk(t, ".e") ? "" : ".0");
+  return buf;
+}
+
 const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n) {
   if (!o) {
     snprintf(buf, n, "nothing");
@@ -48,7 +70,14 @@ const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n) {
     snprintf(buf, n, "the integer %" PRId64, o->via.i64);
     break;
   case MSGPACK_OBJECT_FLOAT32:
-  case MSGPACK_OBJECT_FLOAT64: snprintf(buf, n, "the number %.17g", o->via.f64); break;
+  case MSGPACK_OBJECT_FLOAT64: {
+    /* "the float 1.0": a float that holds an integer is still not one
+     * (probe 16 A#2: "expected an integer, got the number 1"). */
+    char f[40];
+    snprintf(buf, n, "the float %s",
+             dspk__float_str(f, sizeof f, o->via.f64, o->type == MSGPACK_OBJECT_FLOAT32));
+    break;
+  }
   case MSGPACK_OBJECT_STR: counted(buf, n, "a string of", o->via.str.size, "byte", "bytes"); break;
   case MSGPACK_OBJECT_BIN:
     counted(buf, n, "binary data of", o->via.bin.size, "byte", "bytes");

@@ -182,15 +182,16 @@ static ssize_t scan(const void *buf, size_t len, const struct dspk__limits *lim,
     if (children + owed > room)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "container at offset %zu announces %" PRIu64
-                  " elements, which make the message at least %" PRIu64
-                  " bytes, more than %zu (max_message)", pos, children,
-                  (uint64_t)(pos + hdr) + children + owed, maxmsg);
+                  " element%s, which make%s the message at least %" PRIu64
+                  " bytes, more than %zu (max_message)", pos, children, dspk__s(children),
+                  children == 1 ? "s" : "", (uint64_t)(pos + hdr) + children + owed, maxmsg);
     if (children + owed + objects > lim->max_objects)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "%s at offset %zu announces %" PRIu64 " objects%s, which make the "
+                  "%s at offset %zu announces %" PRIu64 " object%s%s, which make%s the "
                   "message at least %" PRIu64 " objects, more than %zu (max_objects)",
-                  container == 2 ? "map" : "array", pos, children,
-                  container == 2 ? " (two per entry)" : "", children + owed + objects,
+                  container == 2 ? "map" : "array", pos, children, dspk__s(children),
+                  container == 2 ? " (two per entry)" : "", children == 1 ? "s" : "",
+                  children + owed + objects,
                   lim->max_objects);
 
     if (container) {

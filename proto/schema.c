@@ -678,8 +678,8 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
     if (p->max && o->via.array.size > p->max) {
       if (!p->range_err)
         goto expected;
-      return dspk__fail(msg, msglen, p->range_err, "%s%s: %u items, at most %" PRIu64, pre,
-                        name, o->via.array.size, p->max);
+      return dspk__fail(msg, msglen, p->range_err, "%s%s: %u item%s, at most %" PRIu64, pre,
+                        name, o->via.array.size, dspk__s(o->via.array.size), p->max);
     }
     v->v.o = o;
     return decode_nested(p, o, pre, msg, msglen);

@@ -79,9 +79,15 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max) {
 }
 
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max) {
-  size_t w = 0, blanks = 0, k;
+  size_t w = 0, blanks = 0, k, whole = n;
   bool text = false, brk = false, cut = false, base = false;
 
+  /* Room for the mark of a cut ("..."), kept from the start. */
+  if (cap < 4) {
+    dst[0] = '\0';
+    return dst;
+  }
+  cap -= 3;
   n = dspk__utf8_cut(s, n, max);
   for (size_t i = 0; i < n; i += k) {
     unsigned char c = (unsigned char)s[i];
@@ -135,9 +141,15 @@ const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size
     blanks = 0;
     text = true;
   }
-  if (!brk && !cut && w + blanks < cap) { /* the string's own trailing blanks */
+  if (!brk && !cut && n == whole && w + blanks < cap) { /* the string's own trailing blanks */
     memset(dst + w, ' ', blanks);
     w += blanks;
+  }
+  /* A cut is marked, so that the echo is never taken for the whole
+   * string (probe 16 A#3: "float32_little_endian" read "float32_little_e"). */
+  if (cut || n < whole) {
+    memcpy(dst + w, "...", 3);
+    w += 3;
   }
   dst[w] = '\0';
   return dst;

@@ -30,7 +30,8 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
 /* A client's string made printable for a message (every place a message
  * echoes one uses this, so that it reads as the client wrote it, never
  * breaks the message's one line and hides nothing): its first max bytes
- * (cut at a character boundary, dspk__utf8_cut), as docs/protocol.md
+ * (cut at a character boundary, dspk__utf8_cut, and then followed by
+ * "..."), as docs/protocol.md
  * "Errors" says: its lines (a line ends at LF or CR) joined with "; " and
  * blank lines dropped, a leading or trailing line break too (the blanks
  * next to a line break go with it), each NUL byte written as the two
@@ -38,12 +39,13 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
  * other control character (dspk__utf8_ctl) as one space, and every
  * character that prints as nothing (dspk__utf8_hidden) as \uNNNN
  * (\UNNNNNNNN above U+FFFF); into dst (cap > 0; cut to fit, never inside
- * a character or an escape, NUL-terminated).  An ill-formed byte is copied
- * as it is (packing makes it U+FFFD).  Output at most DSPK__ECHO_CAP(max)
- * - 1 bytes (a two-byte character written as \uNNNN is the most growth).
- * Returns dst. */
+ * a character or an escape, then "..." too, NUL-terminated; cap < 4 gives
+ * "").  An ill-formed byte is copied as it is (packing makes it U+FFFD).
+ * Output at most DSPK__ECHO_CAP(max) - 1 bytes (a two-byte character
+ * written as \uNNNN is the most growth, and "..." may follow).  Returns
+ * dst. */
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max);
-#define DSPK__ECHO_CAP(max) (3 * (size_t)(max) + 1)
+#define DSPK__ECHO_CAP(max) (3 * (size_t)(max) + 4)
 
 /* The length (2 to 4) of the character that starts s[0..n) when no text
  * the daemon or dspk-submit writes may hold it as it is, because it prints
@@ -113,6 +115,10 @@ int dspk__format(char *buf, size_t cap, const char *fmt, ...)
  * rule) and returns code. */
 int dspk__fail(char *msg, size_t msglen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The plural ending of a count's noun in a message: "" for 1, else "s"
+ * ("%llu byte%s", n, dspk__s(n)): no message says "1 bytes" (probe 13 #5,
+ * 14 #8, 16 A#4). */
+static inline const char *dspk__s(unsigned long long n) { return n == 1 ? "" : "s"; }
 
 /* The length (1 to 3) of the control character that starts s[0..n), or 0
  * when none does: the C0 controls U+0000-U+001F, DEL U+007F, the C1

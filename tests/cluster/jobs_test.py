@@ -1342,8 +1342,11 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
             ("job 01 0\n", "line 2: job: ID 01 has a leading zero (dspkd writes none)"),
             ("job 0 0\n", "line 2: job: ID 0 is out of range (1 to 18446744073709551615: 0 "
              "is no Slurm job)"),
+            # the note only for the value it explains (probe 16 A nit)
             ("job 18446744073709551616 0\n", "line 2: job: ID 18446744073709551616 is out "
-             "of range"),
+             "of range (1 to 18446744073709551615);"),
+            ("job 1 4294967296\n", "line 2: job: UID 4294967296 is out of range (0 to "
+             "4294967294);"),
             ("job 1 4294967295\n", "line 2: job: UID 4294967295 is out of range (0 to "
              "4294967294: 4294967295 is no uid)"),
             ("job 1 00\n", "line 2: job: UID 00 has a leading zero"),

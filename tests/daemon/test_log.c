@@ -221,6 +221,10 @@ static void test_client_rate(void **state) {
   assert_true(dspkd_log_client_ok_at(4712, DSPKD_NOTICE, 1100)); /* another uid */
   assert_false(dspkd_log_client_ok_at(4711, DSPKD_DEBUG, 1100)); /* not written: not counted */
   assert_true(dspkd_log_client_ok_at(4711, DSPKD_NOTICE, 61000)); /* a new minute */
+  /* One line held back: its count's noun singular (probe 16 A#4's class). */
+  for (int i = 0; i < 11; i++)
+    (void)dspkd_log_client_ok_at(4713, DSPKD_NOTICE, 2000 + (uint64_t)i);
+  assert_true(dspkd_log_client_ok_at(4713, DSPKD_NOTICE, 63000));
   assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
   close(saved);
   n = (size_t)pread(fd, buf, sizeof buf - 1, 0);
@@ -230,6 +234,10 @@ static void test_client_rate(void **state) {
   assert_string_equal(buf, "<5>uid 4711: more than 10 lines about its clients' requests in a "
                            "minute: the rest of the minute's are counted, not logged\n"
                            "<5>uid 4711: 5 more lines about its clients' requests were not "
+                           "logged in the minute after 10 were (at most 10 a minute per uid)\n"
+                           "<5>uid 4713: more than 10 lines about its clients' requests in a "
+                           "minute: the rest of the minute's are counted, not logged\n"
+                           "<5>uid 4713: 1 more line about its clients' requests was not "
                            "logged in the minute after 10 were (at most 10 a minute per uid)\n");
 }
 

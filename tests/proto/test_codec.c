@@ -382,6 +382,27 @@ static int decode_tensor(const char *dtype, unsigned rank, const uint64_t *shape
   return rc;
 }
 
+/* A float named as a float in its shortest round-trip form (probe 16
+ * A#2: "got the number 1" for 1.0, "0.10000000000000001" for 0.1). */
+static void test_float_what(void **state) {
+  static const struct { double v; bool f32; const char *want; } cases[] = {
+      {1.0, false, "1.0"},     {0.1, false, "0.1"},         {1e300, false, "1e+300"},
+      {-0.0, false, "-0.0"},   {4096.0, true, "4096.0"},    {0.1, true, "0.1"},
+      {1.5, false, "1.5"},     {1e16, false, "1e+16"},      {-2.5e-7, false, "-2.5e-07"},
+      {0x1p70, false, "1.1805916207174113e+21"},            {1.0 / 3, true, "0.33333334"},
+  };
+  char buf[64], f[40];
+  (void)state;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    msgpack_object o = {.type = cases[i].f32 ? MSGPACK_OBJECT_FLOAT32 : MSGPACK_OBJECT_FLOAT64};
+    o.via.f64 = cases[i].f32 ? (double)(float)cases[i].v : cases[i].v;
+    snprintf(f, sizeof f, "the float %s", cases[i].want);
+    assert_string_equal(dspk__obj_what(&o, buf, sizeof buf), f);
+  }
+  assert_string_equal(dspk__float_str(buf, sizeof buf, __builtin_nan(""), false), "nan");
+  assert_string_equal(dspk__float_str(buf, sizeof buf, -__builtin_inf(), false), "-inf");
+}
+
 static void test_tensor_decode(void **state) {
   (void)state;
   struct dspk__limits l;
@@ -716,6 +737,7 @@ int main(void) {
       cmocka_unit_test(test_parse_response_notify),
       cmocka_unit_test(test_parse_bad),
       cmocka_unit_test(test_getters),
+      cmocka_unit_test(test_float_what),
       cmocka_unit_test(test_tensor_decode),
       cmocka_unit_test(test_tensor_decode_bad_shapes),
       cmocka_unit_test(test_wbuf_zero_copy),

@@ -484,6 +484,12 @@ static void test_refusal_texts(void **state) {
                    DSPK_ELIMIT);
   assert_non_null(strstr(msg, "announces 10 elements, which make the message "
                               "at least 15 bytes, more than 12 (max_message)"));
+  /* One element: its noun singular (probe 16 A#4's class). */
+  const unsigned char arr1[] = {0x92, 0xdc, 0x00, 0x01};
+  l.max_message = 5;
+  assert_int_equal(dspk__frame_scan(arr1, sizeof arr1, &l, msg, sizeof msg), DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "announces 1 element, which makes the message "
+                              "at least 6 bytes, more than 5 (max_message)"));
 }
 
 /* ---- random valid objects and mutations --------------------------------- */

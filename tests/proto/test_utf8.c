@@ -119,15 +119,29 @@ static void test_cut(void **st) {
 }
 
 /* A client's string echoed in a message: a NUL byte as \0, cut at a
- * character boundary, to the buffer. */
+ * character boundary, to the buffer, a cut marked "..." (probe 16 A#3:
+ * "float32_little_endian" was echoed "float32_little_e", unmarked). */
 static void test_echo(void **st) {
-  char buf[16];
+  char buf[32];
   (void)st;
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "ping\0x", 6, 64), "ping\\0x");
-  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\xc3\xa9\xc3\xa9", 4, 3), "\xc3\xa9");
-  assert_string_equal(dspk__utf8_echo(buf, 6, "abcd\0", 5, 64), "abcd");
-  assert_string_equal(dspk__utf8_echo(buf, 7, "abcd\0", 5, 64), "abcd\\0");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\xc3\xa9\xc3\xa9", 4, 3),
+                      "\xc3\xa9...");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\xc3\xa9\xc3\xa9", 4, 4),
+                      "\xc3\xa9\xc3\xa9");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "float32_little_endian", 21, 16),
+                      "float32_little_e...");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "float32_little_e", 16, 16),
+                      "float32_little_e");
+  /* Cut for the room (cap, the mark's 3 bytes kept from it), marked too. */
+  assert_string_equal(dspk__utf8_echo(buf, 9, "abcd\0", 5, 64), "abcd...");
+  assert_string_equal(dspk__utf8_echo(buf, 10, "abcd\0", 5, 64), "abcd\\0");
+  assert_string_equal(dspk__utf8_echo(buf, 3, "abcd", 4, 64), "");
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "", 0, 64), "");
+  /* The whole of DSPK__ECHO_CAP(max) holds max bytes and the mark. */
+  char cap[DSPK__ECHO_CAP(4)];
+  assert_string_equal(dspk__utf8_echo(cap, sizeof cap, "\xcc\x81\xcc\x81x", 5, 4),
+                      "\\u0301\\u0301...");
 }
 
 /* What prints as nothing is written as its code point, a backslash doubled
@@ -162,7 +176,7 @@ static void test_echo_hidden(void **st) {
   assert_string_equal(dspk__utf8_echo(big, sizeof big, "\xcc\x81\xcc\x81", 4, 4),
                       "\\u0301\\u0301");
   /* Cut before an escape that does not fit, never inside it. */
-  assert_string_equal(dspk__utf8_echo(buf, 8, "ab\xe2\x80\x8b", 5, 32), "ab");
+  assert_string_equal(dspk__utf8_echo(buf, 11, "ab\xe2\x80\x8b", 5, 32), "ab...");
 }
 
 /* Its lines joined with "; ", blank lines dropped, a leading or trailing
@@ -187,9 +201,9 @@ static void test_echo_lines(void **st) {
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\n\0\n", 3, 32), "\\0");
   /* The growth fits 2 * max + 1; cut to cap whole ("; " is not split). */
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "a\na\na", 5, 32), "a; a; a");
-  assert_string_equal(dspk__utf8_echo(buf, 5, "a\nb", 3, 32), "a; b");
-  assert_string_equal(dspk__utf8_echo(buf, 4, "a\nb", 3, 32), "a");
-  assert_string_equal(dspk__utf8_echo(buf, 3, "a\nb", 3, 32), "a");
+  assert_string_equal(dspk__utf8_echo(buf, 8, "a\nb", 3, 32), "a; b");
+  assert_string_equal(dspk__utf8_echo(buf, 7, "a\nb", 3, 32), "a...");
+  assert_string_equal(dspk__utf8_echo(buf, 6, "a\nb", 3, 32), "a...");
 }
 
 /* One character named for a message, in a form the echo keeps. */
@@ -320,7 +334,7 @@ static void test_codec_echo(void **st) {
   msgpack_unpacked_init(&up);
   assert_int_equal(msgpack_unpack_next(&up, sb.data, sb.size, &off), MSGPACK_UNPACK_SUCCESS);
   assert_int_equal(dspk__tensor_decode(&up.data, NULL, &t, msg, sizeof msg), DSPK_EDTYPE);
-  assert_string_equal(msg, "unknown dtype \"fffffffffffffff\"");
+  assert_string_equal(msg, "unknown dtype \"fffffffffffffff...\"");
   msgpack_unpacked_destroy(&up);
   msgpack_sbuffer_destroy(&sb);
 }
