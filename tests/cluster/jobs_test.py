@@ -21,6 +21,7 @@ one.
 import argparse
 import json
 import os
+import time
 import select
 import shutil
 import signal
@@ -686,14 +687,20 @@ def ending_job(d, admin, job, n=1536, held=False):
         cj.call("buffer.write", {"buffer": b, "data": a["data"]})
         args["inputs"][0] = {"buffer": b, "dtype": "f32", "shape": a["shape"]}
     cj.send("task.run", args)
+    # Both waits are bounded: a gemm that ended before status showed the job
+    # ending would otherwise leave them spinning for good (seen once on a
+    # loaded machine).
+    deadline = time.monotonic() + 120
     while not (status_job(admin, job) or {}).get("inflight"):
-        pass
+        check(time.monotonic() < deadline, "job %d: its gemm never showed in flight" % job)
     ender = d.client()
     first = ender.send("job.end", {"job": job})
     while True:
         j = status_job(admin, job)
         if j and j["ended"]:
             break
+        check(j is not None and time.monotonic() < deadline,
+              "job %d: not seen ending with its gemm in flight (status: %r)" % (job, j))
     check(j["connections"] == 1 and j["inflight"] == 1,
           "job %d ending with its task: %r" % (job, j))
     return cj, ender, first
