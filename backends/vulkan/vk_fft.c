@@ -64,6 +64,17 @@ static uint64_t max_range(const struct dspk__dev *d) {
   return d->props.limits.maxStorageBufferRange & ~(uint64_t)15;
 }
 
+/* The rows one VkFFT launch may take: at most maxComputeWorkGroupCount[1].
+ * VkFFT 1.2.26 puts a batch's rows on the workgroups' y (several short rows
+ * a workgroup); past that many workgroups it splits its dispatch, and the
+ * split launches write past the last row, up to a workgroup's rows (an
+ * H100: 15 and 31 rows past a batch of 2429281 rows of 64 and of 16 c64,
+ * into whatever the buffer held there; test_vulkan t_fft_guard).  With at
+ * most one workgroup a row, never split. */
+static uint64_t vkfft_rows(const struct dspk__dev *d) {
+  return d->props.limits.maxComputeWorkGroupCount[1];
+}
+
 /* The bufferSize VkFFT is given for the VkBuffer of m.  VkFFT binds a
  * buffer as one descriptor from byte 0 to bufferSize, the offsets coming at
  * each launch, so a tensor is within it when it ends by then.  The
@@ -354,16 +365,18 @@ static int blue_kernel(struct dspk__dev *d, int dbl, struct dspk__vk_kernel **k,
            "layout(std430, binding = 2) readonly buffer BB { T bh[]; };\n"
            "layout(std430, binding = 3) buffer BT { T t[]; };\n"
            "layout(std430, binding = 4) writeonly buffer BO { T o[]; };\n"
+           "layout(std430, binding = 5) buffer BE { T ex[]; };\n"
            "layout(push_constant) uniform PC { uint total, n, m, ox, oo, mode; R scale; } pc;\n"
            "T cmul(T a, T b) { return T(a.x*b.x - a.y*b.y, a.x*b.y + a.y*b.x); }\n"
            "shared R red[%d];\n"
-           "int rexp(uint r) { return int(t[pc.total + r].x); }\n"
+           "int rexp(uint r) { return int(ex[r].x); }\n"
            "T sc(T v, int e) { return ldexp(ldexp(v, ivec2(e / 2)), ivec2(e - e / 2)); }\n"
            "void main() {\n"
            "  if (pc.mode == 3u) {\n"
            /* a workgroup a row: the exponent e of its largest |part|
-            * (0 for a row of zeros or with inf or NaN), kept after the
-            * convolution's m * rows values of t */
+            * (0 for a row of zeros or with inf or NaN), kept in ex: not
+            * in t, where VkFFT's transforms of the rows may write past
+            * the last row */
            "    for (uint r = gl_WorkGroupID.x; r < pc.oo; r += gl_NumWorkGroups.x) {\n"
            "      R a = R(0);\n"
            "      for (uint j = gl_LocalInvocationID.x; j < pc.n; j += %du) {\n"
@@ -386,7 +399,7 @@ static int blue_kernel(struct dspk__dev *d, int dbl, struct dspk__vk_kernel **k,
            "        int e = 0;\n"
            "        if (!isnan(mx) && !isinf(mx) && mx > R(0))\n"
            "          frexp(mx, e);\n"
-           "        t[pc.total + r] = T(R(e), R(0));\n"
+           "        ex[r] = T(R(e), R(0));\n"
            "      }\n"
            "      barrier();\n"
            "    }\n"
@@ -413,7 +426,7 @@ static int blue_kernel(struct dspk__dev *d, int dbl, struct dspk__vk_kernel **k,
            "    }\n"
            "  }\n}\n",
            DSPK__VK_WG, T, R, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG / 2, DSPK__VK_WG);
-  return dspk__vk_kernel(d, "bluestein", src, NULL, 0, "main", 5, 32, k, ctx);
+  return dspk__vk_kernel(d, "bluestein", src, NULL, 0, "main", 6, 32, k, ctx);
 }
 
 static int blue_pass(struct dspk__dev *d, struct dspk__vk_kernel *k,
@@ -429,7 +442,7 @@ static int blue_pass(struct dspk__dev *d, struct dspk__vk_kernel *k,
     pc.scale.f = (float)scale;
   /* mode 3 (the rows' exponents): a workgroup a row, oo rows */
   uint32_t g = mode == 3 ? oo : (total + DSPK__VK_WG - 1) / DSPK__VK_WG;
-  return dspk__vk_dispatch(d, k, b, 5, &pc, 32, g > 65535 ? 65535 : (g ? g : 1), 1, 1);
+  return dspk__vk_dispatch(d, k, b, 6, &pc, 32, g > 65535 ? 65535 : (g ? g : 1), 1, 1);
 }
 
 static int get_bplan(struct dspk__dev *d, uint64_t n, int dbl, int inverse, struct bplan **out,
@@ -507,10 +520,11 @@ fail:
 }
 
 /* dst rows (n complex) = FFT of src rows, any n, through Bluestein.  The
- * convolution's temporary holds m + 1 values a row (m >= 2n-1, a power of
- * two; the row's exponent after): the rows go in chunks whose temporary, and
- * VkFFT's own of the same size, stay within maxStorageBufferRange.  A row
- * alone larger is ELIMIT (docs/protocol.md, fft). */
+ * convolution's temporaries hold m + 1 values a row (m >= 2n-1, a power of
+ * two; and the row's exponent): the rows go in chunks whose temporary, and
+ * VkFFT's own of the same size, stay within maxStorageBufferRange, of at
+ * most vkfft_rows rows.  A row alone larger is ELIMIT (docs/protocol.md,
+ * fft). */
 static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint32_t soff,
                      const struct dspk__vk_bind *dst, uint32_t doff, uint64_t n,
                      uint64_t batch, int dbl, int inverse, struct dspk__opctx *ctx) {
@@ -532,20 +546,29 @@ static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint3
   if (r || (r = blue_kernel(d, dbl, &k, ctx)))
     return r;
   uint64_t chunk = max_range(d) / ((m + 1) * es);
+  if (chunk > vkfft_rows(d))
+    chunk = vkfft_rows(d);
   uint64_t rows = batch < chunk ? batch : chunk;
-  struct dspk__mem *t;
-  /* t: the convolution's rows, then each row's exponent (mode 3) */
-  if ((r = dspk__vk_alloc(d, es * (m + 1) * rows, &t)))
+  struct dspk__mem *t, *e;
+  /* t: the convolution's rows; e: each row's exponent (mode 3), apart
+   * from what VkFFT transforms (they lay after the rows, where VkFFT wrote
+   * when its dispatch was split: vkfft_rows) */
+  if ((r = dspk__vk_alloc(d, es * m * rows, &t)))
     return r;
+  if ((r = dspk__vk_alloc(d, es * rows, &e))) {
+    dspk__vk_free(d, t);
+    return r;
+  }
   for (uint64_t r0 = 0; r0 < batch && r == 0; r0 += rows) {
     uint64_t kr = batch - r0 < rows ? batch - r0 : rows;
     uint32_t tot = (uint32_t)(m * kr), so = soff + (uint32_t)(r0 * n),
              dof = doff + (uint32_t)(r0 * n);
-    struct dspk__vk_bind b[5] = {*src,
+    struct dspk__vk_bind b[6] = {*src,
                                  {p->chirp->buf, p->chirp->off, es * n},
                                  {p->bhat->buf, p->bhat->off, es * m},
-                                 {t->buf, t->off, es * (m + 1) * kr},
-                                 *dst};
+                                 {t->buf, t->off, es * m * kr},
+                                 *dst,
+                                 {e->buf, e->off, es * kr}};
     struct dspk__vkfft_desc desc = {.n = m, .batch = kr, .dbl = dbl, .buf = t->buf,
                                     .bufsize = vkfft_span(d, t)};
     struct fplan *fp;
@@ -563,6 +586,7 @@ static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint3
   }
   dspk__vk_submit(d);
   dspk__vk_free(d, t);
+  dspk__vk_free(d, e);
   return r;
 }
 
@@ -614,6 +638,8 @@ static int rfft_odd(struct dspk__dev *d, const struct dspk__vk_bind *bx, uint32_
                          (unsigned long long)n, (unsigned long long)((n + 1) * ces), ces,
                          (unsigned long long)d->props.limits.maxStorageBufferRange);
   uint64_t chunk = max_range(d) / ((n + 1) * ces);
+  if (chunk > vkfft_rows(d) && max_prime(n) <= 13)
+    chunk = vkfft_rows(d); /* (Bluestein's chunks its own rows) */
   uint64_t rows = batch < chunk ? batch : chunk, h = n / 2 + 1;
   struct dspk__mem *t;
   int r = dspk__vk_alloc(d, (size_t)(n * rows) * ces, &t);
@@ -1122,6 +1148,8 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
   size_t bytes = (size_t)(n * batch) * 8;
   int r, reps = 10, at = 0;
   buf[0] = 0;
+  if (batch > vkfft_rows(d))
+    return DSPK_ELIMIT; /* one launch of VkFFT would write past Y (vkfft_rows) */
   if ((r = dspk__vk_alloc(d, bytes, &u.x)) || (r = dspk__vk_alloc(d, bytes, &u.y)))
     goto out;
   VkCommandBuffer cb;
@@ -1312,6 +1340,8 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                          (unsigned long long)n, (unsigned long long)((n + 1) * cs), cs,
                          (unsigned long long)d->props.limits.maxStorageBufferRange);
   uint64_t chunk = max_range(d) / ((n + 1) * cs);
+  if (chunk > vkfft_rows(d))
+    chunk = vkfft_rows(d);
   int xin = xoff + dspk__tensor_nbytes(X) <= vkfft_span(d, X->mem),
       oin = ooff + dspk__tensor_nbytes(O) <= vkfft_span(d, O->mem);
   if (chunk < batch || !xin || !oin)

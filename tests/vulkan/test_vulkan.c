@@ -902,6 +902,159 @@ static void t_fft_buffers(void **state) {
   }
 }
 
+/* Naive DFT of one row of n <= 64 c64 values (double precision). */
+static void dft_row(const float *x, int64_t n, double complex *y) {
+  double complex w[64]; /* n <= 64 */
+  for (int64_t q = 0; q < n; q++)
+    w[q] = cexp(-2.0 * M_PI * I * (double)q / (double)n);
+  for (int64_t k = 0; k < n; k++) {
+    double complex acc = 0;
+    for (int64_t j = 0; j < n; j++)
+      acc += CMPLX(x[2 * j], x[2 * j + 1]) * w[(j * k) % n];
+    y[k] = acc;
+  }
+}
+
+/* Checks rows of a c64 transform against dft_row: the first and last 2048
+ * rows of every `every` rows (the starts of the chunks a temporary takes),
+ * the last rows and every 61st; fails naming the first wrong row. */
+static void check_rows(const char *what, const float *x, const float *y, int64_t n,
+                       int64_t batch, int64_t every) {
+  double complex *want = malloc(sizeof *want * (size_t)n);
+  for (int64_t r = 0; r < batch; r++) {
+    int64_t in_chunk = every ? r % every : r;
+    if (!(in_chunk < 2048 || r >= batch - 2048 || r % 61 == 0))
+      continue;
+    dft_row(x + 2 * r * n, n, want);
+    double err = 0, mag = 0;
+    for (int64_t k = 0; k < n; k++) {
+      double complex got = CMPLX(y[2 * (r * n + k)], y[2 * (r * n + k) + 1]);
+      err = fmax(err, cabs(got - want[k]));
+      mag = fmax(mag, cabs(want[k]));
+    }
+    if (!(err <= 1e-5 * (mag > 1 ? mag : 1))) /* NaN fails too */
+      fail_msg("%s: row %lld of %lld wrong (max error %g)", what, (long long)r,
+               (long long)batch, err);
+  }
+  free(want);
+}
+
+/* A transform writes its own output rows and nothing else: c64 rows of 64
+ * in a batch that is no multiple of 16, as many as one binding takes (up
+ * to 2429281), in place and out of place, with 64 rows of a pattern before
+ * and after them in the same buffer, which must be left as they were (on
+ * an H100, VkFFT wrote 15 rows past such a batch when its dispatch was
+ * split: vk_fft.c, vkfft_rows).  And Bluestein's rows (n = 17) in three
+ * chunks of its temporary, the third of a batch no multiple of 16: there
+ * VkFFT overwrote what lay after the rows in the temporary, the exponents
+ * by which the first 960 rows were scaled. */
+static void t_fft_guard(void **state) {
+  (void)state;
+  char msg[512];
+  const int64_t n = 64, g = 64, rowb = n * 8;
+  uint64_t range = D->props.limits.maxStorageBufferRange & ~(uint64_t)15;
+  int64_t batch = (int64_t)(range / (uint64_t)rowb) - 2 * g - 16;
+  if (batch > 2429281)
+    batch = 2429281;
+  batch = batch / 16 * 16 + 1;
+  size_t nb = (size_t)(batch * rowb), gb = (size_t)(g * rowb);
+  float *x = malloc(nb), *y = malloc(nb), *pat = malloc(gb), *back = malloc(gb);
+  assert_non_null(x);
+  assert_non_null(y);
+  for (size_t i = 0; i < nb / 4; i++)
+    x[i] = (float)h_rand();
+  for (size_t i = 0; i < gb / 4; i++)
+    pat[i] = (float)(i % 977) + 0.25f;
+  for (int inplace = 0; inplace < 2; inplace++) {
+    struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+    struct dspk__mem *mx, *mo = NULL;
+    assert_int_equal(VKB->alloc(D, nb + 2 * gb, &mx), 0);
+    assert_int_equal(VKB->write(D, mx, 0, pat, gb), 0);
+    assert_int_equal(VKB->write(D, mx, gb, x, nb), 0);
+    assert_int_equal(VKB->write(D, mx, gb + nb, pat, gb), 0);
+    op.in[0] = (struct dspk__tensor){.dtype = DSPK_C64, .rank = 2, .shape = {batch, n},
+                                     .mem = mx, .offset = gb};
+    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+    if (inplace) {
+      op.out[0] = op.in[0];
+      mo = mx;
+    } else {
+      assert_int_equal(VKB->alloc(D, nb + 2 * gb, &mo), 0);
+      assert_int_equal(VKB->write(D, mo, 0, pat, gb), 0);
+      assert_int_equal(VKB->write(D, mo, gb + nb, pat, gb), 0);
+      op.out[0].mem = mo;
+      op.out[0].offset = gb;
+    }
+    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+    if (VKB->run(D, &op, &ctx))
+      fail_msg("fft %lld x %lld: %s", (long long)batch, (long long)n, msg);
+    for (int side = 0; side < 2; side++) {
+      assert_int_equal(VKB->read(D, mo, side ? gb + nb : 0, back, gb), 0);
+      if (memcmp(back, pat, gb))
+        fail_msg("fft %lld x %lld %s: the 64 rows %s its output changed", (long long)batch,
+                 (long long)n, inplace ? "in place" : "out of place", side ? "after" : "before");
+    }
+    if (!inplace) {
+      assert_int_equal(VKB->read(D, mx, 0, back, gb), 0);
+      if (memcmp(back, pat, gb))
+        fail_msg("fft out of place: the input's buffer changed before the input");
+    }
+    assert_int_equal(VKB->read(D, mo, gb, y, nb), 0);
+    check_rows(inplace ? "fft in place" : "fft out of place", x, y, n, batch, 0);
+    VKB->free(D, mx);
+    if (!inplace)
+      VKB->free(D, mo);
+  }
+  free(x);
+  free(y);
+  /* Bluestein: n = 17 (m = 64 with the exponent: 65 values a row of its
+   * temporaries), two whole chunks of range / (65 x 8) rows and 1001 more
+   * (the chunks of the case found), which the backend now takes in
+   * launches of at most maxComputeWorkGroupCount[1] rows */
+  const int64_t bn = 17, chunk = (int64_t)(range / (65 * 8));
+  int64_t bb = 2 * chunk + 1001, launch = chunk; /* the rows of a launch (vkfft_rows) */
+  if ((uint64_t)launch > D->props.limits.maxComputeWorkGroupCount[1])
+    launch = (int64_t)D->props.limits.maxComputeWorkGroupCount[1];
+  size_t bnb = (size_t)(bb * bn * 8);
+  if (bnb + 2 * gb > range) { /* one binding for the whole input */
+    bb = (int64_t)((range - 2 * gb) / (uint64_t)(bn * 8));
+    bnb = (size_t)(bb * bn * 8);
+  }
+  x = malloc(bnb);
+  y = malloc(bnb);
+  assert_non_null(x);
+  assert_non_null(y);
+  for (size_t i = 0; i < bnb / 4; i++)
+    x[i] = (float)h_rand();
+  struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+  struct dspk__mem *mx, *mo;
+  assert_int_equal(VKB->alloc(D, bnb, &mx), 0);
+  assert_int_equal(VKB->write(D, mx, 0, x, bnb), 0);
+  assert_int_equal(VKB->alloc(D, bnb + 2 * gb, &mo), 0);
+  assert_int_equal(VKB->write(D, mo, 0, pat, gb), 0);
+  assert_int_equal(VKB->write(D, mo, gb + bnb, pat, gb), 0);
+  op.in[0] = (struct dspk__tensor){.dtype = DSPK_C64, .rank = 2, .shape = {bb, bn}, .mem = mx};
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  op.out[0].mem = mo;
+  op.out[0].offset = gb;
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  if (VKB->run(D, &op, &ctx))
+    fail_msg("fft %lld x %lld: %s", (long long)bb, (long long)bn, msg);
+  for (int side = 0; side < 2; side++) {
+    assert_int_equal(VKB->read(D, mo, side ? gb + bnb : 0, back, gb), 0);
+    if (memcmp(back, pat, gb))
+      fail_msg("Bluestein fft %lld x 17: the rows beside its output changed", (long long)bb);
+  }
+  assert_int_equal(VKB->read(D, mo, gb, y, bnb), 0);
+  check_rows("Bluestein fft n=17", x, y, bn, bb, launch);
+  VKB->free(D, mx);
+  VKB->free(D, mo);
+  free(x);
+  free(y);
+  free(pat);
+  free(back);
+}
+
 /* Every tuning candidate, forced in turn, computes the right transform on
  * one- and multi-pass shapes (the tuner also checks each against an exact
  * DFT before using it; this checks the candidates themselves). */
@@ -3553,6 +3706,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_dispatch_split), cmocka_unit_test(t_gemm_cancel),
       cmocka_unit_test(t_fft),
       cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
+      cmocka_unit_test(t_fft_guard),
       cmocka_unit_test_teardown(t_fft_tune, unset_tune),
       cmocka_unit_test_teardown(t_fft_inplace, unset_tune),
       cmocka_unit_test_teardown(t_fft_cands, unset_tune),
