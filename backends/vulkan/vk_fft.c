@@ -64,13 +64,9 @@ static uint64_t max_range(const struct dspk__dev *d) {
   return d->props.limits.maxStorageBufferRange & ~(uint64_t)15;
 }
 
-/* The rows one VkFFT launch may take: at most maxComputeWorkGroupCount[1].
- * VkFFT 1.2.26 puts a batch's rows on the workgroups' y (several short rows
- * a workgroup); past that many workgroups it splits its dispatch, and the
- * split launches write past the last row, up to a workgroup's rows (an
- * H100: 15 and 31 rows past a batch of 2429281 rows of 64 and of 16 c64,
- * into whatever the buffer held there; test_vulkan t_fft_guard).  With at
- * most one workgroup a row, never split. */
+/* Rows that one VkFFT launch takes unsplit whatever the plan: VkFFT 1.2.26
+ * puts a batch's rows on the workgroups' y, one or more rows a workgroup
+ * (fit_rows). */
 static uint64_t vkfft_rows(const struct dspk__dev *d) {
   return d->props.limits.maxComputeWorkGroupCount[1];
 }
@@ -112,6 +108,7 @@ struct fplan {
   void *bin; /* VkFFT's binaries, for further instances (may be NULL) */
   size_t binlen;
   char *blob; /* the persistent cache's blob of bin (malloc'd), NULL when none */
+  int split; /* its launches split a dispatch: never launched (fit_rows) */
   int ninst;
   struct finst inst[FFT_INST];
 };
@@ -228,6 +225,7 @@ static int make_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
     goto fail;
   }
   p->ninst = 1;
+  p->split = dspk__vkfft_split(p->inst[0].f);
   *out = p;
   return 0;
 fail:
@@ -256,6 +254,31 @@ static int get_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
     return r;
   }
   *out = p;
+  return 0;
+}
+
+/* The most rows, up to *rows, that one launch of desc's plan (desc.batch
+ * set to them) takes without splitting a dispatch.  Past the device's
+ * maxComputeWorkGroupCount workgroups along an axis, VkFFT 1.2.26 splits a
+ * dispatch, and the split launches write past the plan's last row, up to a
+ * workgroup's rows (an H100: 15 and 31 rows past a batch of 2429281 rows
+ * of 64 and of 16 c64, into whatever the buffer held there; test_vulkan
+ * t_fft_guard).  Short rows share a workgroup, so a batch of several
+ * million rows is mostly one launch; *rows is halved until its plan does
+ * not split (the plans made are kept in the plan cache, so a shape seen
+ * before finds its rows there). */
+static int fit_rows(struct dspk__dev *d, struct dspk__vkfft_desc desc, uint64_t *rows,
+                    struct dspk__opctx *ctx) {
+  while (*rows > vkfft_rows(d)) {
+    struct fplan *p;
+    desc.batch = *rows;
+    int r = get_plan(d, &desc, &p, ctx);
+    if (r)
+      return r;
+    if (!p->split)
+      return 0;
+    *rows = (*rows + 1) / 2;
+  }
   return 0;
 }
 
@@ -319,6 +342,10 @@ static int fft_launch(struct dspk__dev *d, struct fplan *p, int inverse, VkBuffe
                       struct dspk__opctx *ctx) {
   struct finst *in;
   VkCommandBuffer cb;
+  if (p->split) /* it would write past its rows (fit_rows) */
+    return dspk__vk_fail(ctx, DSPK_EDEVICE,
+                         "fft: VkFFT's plan of n=%llu x %llu would split its dispatch",
+                         (unsigned long long)p->desc.n, (unsigned long long)p->desc.batch);
   if (!p->desc.r2c && !p->desc.oop)
     inbuf = VK_NULL_HANDLE;
   int r = pick_inst(d, p, buf, inbuf, &in);
@@ -546,19 +573,20 @@ static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint3
   if (r || (r = blue_kernel(d, dbl, &k, ctx)))
     return r;
   uint64_t chunk = max_range(d) / ((m + 1) * es);
-  if (chunk > vkfft_rows(d))
-    chunk = vkfft_rows(d);
   uint64_t rows = batch < chunk ? batch : chunk;
   struct dspk__mem *t, *e;
   /* t: the convolution's rows; e: each row's exponent (mode 3), apart
    * from what VkFFT transforms (they lay after the rows, where VkFFT wrote
-   * when its dispatch was split: vkfft_rows) */
+   * when its dispatch was split: fit_rows) */
   if ((r = dspk__vk_alloc(d, es * m * rows, &t)))
     return r;
   if ((r = dspk__vk_alloc(d, es * rows, &e))) {
     dspk__vk_free(d, t);
     return r;
   }
+  r = fit_rows(d, (struct dspk__vkfft_desc){.n = m, .dbl = dbl, .buf = t->buf,
+                                            .bufsize = vkfft_span(d, t)},
+               &rows, ctx);
   for (uint64_t r0 = 0; r0 < batch && r == 0; r0 += rows) {
     uint64_t kr = batch - r0 < rows ? batch - r0 : rows;
     uint32_t tot = (uint32_t)(m * kr), so = soff + (uint32_t)(r0 * n),
@@ -638,13 +666,15 @@ static int rfft_odd(struct dspk__dev *d, const struct dspk__vk_bind *bx, uint32_
                          (unsigned long long)n, (unsigned long long)((n + 1) * ces), ces,
                          (unsigned long long)d->props.limits.maxStorageBufferRange);
   uint64_t chunk = max_range(d) / ((n + 1) * ces);
-  if (chunk > vkfft_rows(d) && max_prime(n) <= 13)
-    chunk = vkfft_rows(d); /* (Bluestein's chunks its own rows) */
   uint64_t rows = batch < chunk ? batch : chunk, h = n / 2 + 1;
   struct dspk__mem *t;
   int r = dspk__vk_alloc(d, (size_t)(n * rows) * ces, &t);
   if (r)
     return r;
+  if (max_prime(n) <= 13) /* (Bluestein fits its own) */
+    r = fit_rows(d, (struct dspk__vkfft_desc){.n = n, .dbl = dbl, .buf = t->buf,
+                                              .bufsize = vkfft_span(d, t)},
+                 &rows, ctx);
   for (uint64_t r0 = 0; r0 < batch && r == 0; r0 += rows) {
     uint64_t kr = batch - r0 < rows ? batch - r0 : rows;
     struct dspk__vk_bind bt = {t->buf, t->off, n * kr * ces};
@@ -869,6 +899,8 @@ static int tune_run(void *ud, int i) {
     if ((r = make_plan(u->d, &desc, &u->plans[i], NULL)))
       return r;
   }
+  if (i < NTUNES && u->plans[i]->split)
+    return DSPK_ENOTSUP; /* it would write past the output (fit_rows) */
   u->cand = i;
   u->have_ns = 0;
   if (dspk__vk_timestamps(u->d)) {
@@ -1148,8 +1180,6 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
   size_t bytes = (size_t)(n * batch) * 8;
   int r, reps = 10, at = 0;
   buf[0] = 0;
-  if (batch > vkfft_rows(d))
-    return DSPK_ELIMIT; /* one launch of VkFFT would write past Y (vkfft_rows) */
   if ((r = dspk__vk_alloc(d, bytes, &u.x)) || (r = dspk__vk_alloc(d, bytes, &u.y)))
     goto out;
   VkCommandBuffer cb;
@@ -1173,6 +1203,12 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
                                     .tune = tunes[i].t};
     if (make_plan(d, &desc, &u.p, NULL)) {
       at += snprintf(buf + at, len - (size_t)at, "; %s: no plan", tunes[i].name);
+      continue;
+    }
+    if (u.p->split) { /* it would write past Y (fit_rows) */
+      at += snprintf(buf + at, len - (size_t)at, "; %s: splits its dispatch", tunes[i].name);
+      fplan_free(d, u.p);
+      u.p = NULL;
       continue;
     }
     r = dspk__vk_gpu_ms(d, reps, rec_fft, &u, &ms);
@@ -1241,10 +1277,7 @@ static int fft_chunks(struct dspk__dev *d, const struct dspk__tensor *X,
     VkDeviceSize io = xoff + r0 * xrow, oo = ooff + r0 * orow;
     uint64_t isz = vkfft_span(d, X->mem), osz = vkfft_span(d, O->mem);
     if (tx) {
-      if ((r = copy_bytes(d, X->mem->buf, io, tx->buf, tx->off, kr * xrow)))
-        break;
       ib = tx->buf;
-      io = tx->off;
       isz = vkfft_span(d, tx);
     }
     if (!r2c && !oop) {
@@ -1265,6 +1298,18 @@ static int fft_chunks(struct dspk__dev *d, const struct dspk__tensor *X,
                                     .bufsize = osz,
                                     .inbuf = r2c || oop ? ib : VK_NULL_HANDLE,
                                     .insize = r2c || oop ? isz : 0};
+    if (r0 == 0) { /* launches that do not split (fit_rows) */
+      if ((r = fit_rows(d, desc, &rows, ctx)))
+        break;
+      desc.batch = kr = batch < rows ? batch : rows;
+    }
+    if (tx) {
+      if ((r = copy_bytes(d, X->mem->buf, io, tx->buf, tx->off, kr * xrow)))
+        break;
+      io = tx->off;
+      if (!r2c && !oop)
+        oo = io;
+    }
     struct fplan *p;
     if ((r = get_plan(d, &desc, &p, ctx)) ||
         (r = fft_launch(d, p, inverse, ob, oo, desc.inbuf, io, ctx)))
@@ -1340,8 +1385,6 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                          (unsigned long long)n, (unsigned long long)((n + 1) * cs), cs,
                          (unsigned long long)d->props.limits.maxStorageBufferRange);
   uint64_t chunk = max_range(d) / ((n + 1) * cs);
-  if (chunk > vkfft_rows(d))
-    chunk = vkfft_rows(d);
   int xin = xoff + dspk__tensor_nbytes(X) <= vkfft_span(d, X->mem),
       oin = ooff + dspk__tensor_nbytes(O) <= vkfft_span(d, O->mem);
   if (chunk < batch || !xin || !oin)
@@ -1356,7 +1399,15 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                                   .bufsize = vkfft_span(d, O->mem),
                                   .inbuf = r2c || oop ? X->mem->buf : VK_NULL_HANDLE,
                                   .insize = r2c || oop ? vkfft_span(d, X->mem) : 0};
-  /* Tuning runs the candidates on these operands: never in place. */
+  /* One launch of VkFFT's default plan, else chunks (fit_rows); tuning
+   * runs the candidates on these operands (never in place), but not those
+   * that would split their dispatch. */
+  uint64_t rows = batch;
+  if ((r = fit_rows(d, desc, &rows, ctx)))
+    return r;
+  if (rows < batch)
+    return fft_chunks(d, X, O, n, batch, dbl, r2c, oop, op->u.fft.inverse, xin, oin, rows,
+                      ctx);
   int forced, use_sk = 0;
   struct dspk__vk_sfft_cfg sk;
   if (oop && want_tune(d, total, &forced, &sk) &&
@@ -1371,8 +1422,9 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     return dspk__vk_sfft(d, &sk, n, batch, op->u.fft.inverse, &bx, ex, &bo, eo, NULL, ctx);
   struct fplan *p = NULL;
   r = get_plan(d, &desc, &p, ctx);
-  if (r && memcmp(&desc.tune, &(struct dspk__vkfft_tune){0}, sizeof desc.tune)) {
-    /* The tuned configuration does not plan here: VkFFT's defaults. */
+  if ((r || p->split) && memcmp(&desc.tune, &(struct dspk__vkfft_tune){0}, sizeof desc.tune)) {
+    /* The tuned configuration does not plan here, or splits: VkFFT's
+     * defaults (which fit_rows checked). */
     memset(&desc.tune, 0, sizeof desc.tune);
     r = get_plan(d, &desc, &p, ctx);
   }

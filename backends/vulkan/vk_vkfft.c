@@ -192,6 +192,25 @@ int dspk__vkfft_append(struct dspk__vkfft *f, VkCommandBuffer cb, int inverse,
   return r == VKFFT_SUCCESS ? 0 : -1000 - (int)r;
 }
 
+static int axis_split(const VkFFTAxis *a) {
+  const uint64_t *w = a->specializationConstants.performWorkGroupShift;
+  return w[0] || w[1] || w[2];
+}
+
+static int plan_split(const VkFFTPlan *p) {
+  if (!p)
+    return 0;
+  for (int ax = 0; ax < 3; ax++)
+    for (uint64_t l = 0; l < p->numAxisUploads[ax] && l < 4; l++)
+      if (axis_split(&p->axes[ax][l]) || axis_split(&p->inverseBluesteinAxes[ax][l]))
+        return 1;
+  return axis_split(&p->R2Cdecomposition);
+}
+
+int dspk__vkfft_split(const struct dspk__vkfft *f) {
+  return plan_split(f->app.localFFTPlan) || plan_split(f->app.localFFTPlan_inverse);
+}
+
 int dspk__vkfft_temp(const struct dspk__vkfft *f, VkBuffer *temp, uint64_t *size) {
   if (!f->app.configuration.allocateTempBuffer || !f->app.configuration.tempBuffer)
     return 0;

@@ -64,6 +64,11 @@ int dspk__vkfft_bound(const struct dspk__vkfft *f, VkBuffer buf, VkBuffer inbuf)
  * -1000 - VkFFTResult. */
 int dspk__vkfft_append(struct dspk__vkfft *f, VkCommandBuffer cb, int inverse,
                        VkBuffer buf, uint64_t off, VkBuffer inbuf, uint64_t inoff);
+/* 1 when a launch of f splits a dispatch (more workgroups along an axis
+ * than the device's maxComputeWorkGroupCount): VkFFT 1.2.26's split
+ * launches write past the plan's last row (vk_fft.c, fit_rows), so such a
+ * plan must not be launched.  Else 0. */
+int dspk__vkfft_split(const struct dspk__vkfft *f);
 /* The temporary buffer VkFFT allocated for f (multi-pass transforms):
  * returns 1 and fills *temp, *size; 0 when f has none.  f owns it. */
 int dspk__vkfft_temp(const struct dspk__vkfft *f, VkBuffer *temp, uint64_t *size);
