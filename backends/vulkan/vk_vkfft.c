@@ -207,8 +207,57 @@ static int plan_split(const VkFFTPlan *p) {
   return axis_split(&p->R2Cdecomposition);
 }
 
+static uint64_t ceil_div(uint64_t a, uint64_t b) { return b ? (a + b - 1) / b : a; }
+
+/* Whether VkFFTAppend splits a dispatch of axis 0's uploads of plan p: the
+ * workgroups it dispatches, as its code (1.2.26) computes them, against
+ * the device's maxComputeWorkGroupCount.  (performWorkGroupShift says less:
+ * VkFFT sets it for a batch above that count whatever the rows a workgroup
+ * takes, which would halve batches of short rows for nothing.) */
+static int axis0_split(const VkFFTApplication *app, const VkFFTPlan *p) {
+  const VkFFTConfiguration *c = &app->configuration;
+  uint64_t nu = p->numAxisUploads[0], s0 = p->actualFFTSizePerAxis[0][0],
+           s1 = p->actualFFTSizePerAxis[0][1];
+  for (uint64_t l = 0; l < nu && l < 4; l++) {
+    const VkFFTAxis *a = &p->axes[0][l];
+    uint64_t fd = a->specializationConstants.fftDim, db[3];
+    if (!fd)
+      return 1;
+    if (l == 0 && nu > 2) {
+      uint64_t sp = p->axisSplit[0][1] ? p->axisSplit[0][1] : 1;
+      db[0] = ceil_div(ceil_div(s0 / fd, a->axisBlock[1]), sp) * sp;
+      db[1] = s1;
+    } else if (l == 0 && nu > 1) {
+      db[0] = ceil_div(s0 / fd, a->axisBlock[1]);
+      db[1] = s1;
+    } else if (l == 0) {
+      db[0] = s0 / fd;
+      db[1] = ceil_div(s1, a->axisBlock[1]);
+    } else {
+      db[0] = ceil_div(s0 / fd, a->axisBlock[0]);
+      db[1] = s1;
+    }
+    db[2] = p->actualFFTSizePerAxis[0][2] * c->coordinateFeatures * c->numberBatches;
+    if (a->specializationConstants.mergeSequencesR2C == 1)
+      db[1] = ceil_div(db[1], 2);
+    for (int i = 0; i < 3; i++)
+      if (db[i] > c->maxComputeWorkGroupCount[i])
+        return 1;
+  }
+  return 0;
+}
+
 int dspk__vkfft_split(const struct dspk__vkfft *f) {
-  return plan_split(f->app.localFFTPlan) || plan_split(f->app.localFFTPlan_inverse);
+  const VkFFTApplication *app = &f->app;
+  /* Paths whose dispatches are not computed above (VkFFT's own Bluestein,
+   * real transforms decomposed in several uploads, more than one axis):
+   * any workgroup shift at all counts. */
+  if (app->configuration.FFTdim != 1 || app->useBluesteinFFT[0] ||
+      (app->localFFTPlan && app->localFFTPlan->multiUploadR2C) ||
+      (app->localFFTPlan_inverse && app->localFFTPlan_inverse->multiUploadR2C))
+    return plan_split(app->localFFTPlan) || plan_split(app->localFFTPlan_inverse);
+  return (app->localFFTPlan && axis0_split(app, app->localFFTPlan)) ||
+         (app->localFFTPlan_inverse && axis0_split(app, app->localFFTPlan_inverse));
 }
 
 int dspk__vkfft_temp(const struct dspk__vkfft *f, VkBuffer *temp, uint64_t *size) {
