@@ -939,120 +939,81 @@ static void check_rows(const char *what, const float *x, const float *y, int64_t
   free(want);
 }
 
-/* A transform writes its own output rows and nothing else: c64 rows of 64
- * in a batch that is no multiple of 16, as many as one binding takes (up
- * to 2429281), in place and out of place, with 64 rows of a pattern before
- * and after them in the same buffer, which must be left as they were (on
- * an H100, VkFFT wrote 15 rows past such a batch when its dispatch was
- * split: vk_fft.c, vkfft_rows).  And Bluestein's rows (n = 17) in three
- * chunks of its temporary, the third of a batch no multiple of 16: there
- * VkFFT overwrote what lay after the rows in the temporary, the exponents
- * by which the first 960 rows were scaled. */
-static void t_fft_guard(void **state) {
-  (void)state;
+/* One case of t_fft_guard: a c64 fft of `batch` random rows of n, its
+ * output (X itself when in place) between 64 KiB of a pattern before and
+ * after it in its buffer, which must be left as they were; rows checked as
+ * check_rows does with `every`. */
+static void guard_case(int64_t n, int64_t batch, int inplace, int64_t every) {
   char msg[512];
-  const int64_t n = 64, g = 64, rowb = n * 8;
-  uint64_t range = D->props.limits.maxStorageBufferRange & ~(uint64_t)15;
-  int64_t batch = (int64_t)(range / (uint64_t)rowb) - 2 * g - 16;
-  if (batch > 2429281)
-    batch = 2429281;
-  batch = batch / 16 * 16 + 1;
-  size_t nb = (size_t)(batch * rowb), gb = (size_t)(g * rowb);
+  const size_t gb = 1 << 16, nb = (size_t)(batch * n * 8);
   float *x = malloc(nb), *y = malloc(nb), *pat = malloc(gb), *back = malloc(gb);
-  assert_non_null(x);
-  assert_non_null(y);
+  assert_true(x && y && pat && back);
   for (size_t i = 0; i < nb / 4; i++)
     x[i] = (float)h_rand();
   for (size_t i = 0; i < gb / 4; i++)
     pat[i] = (float)(i % 977) + 0.25f;
-  for (int inplace = 0; inplace < 2; inplace++) {
-    struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
-    struct dspk__mem *mx, *mo = NULL;
-    assert_int_equal(VKB->alloc(D, nb + 2 * gb, &mx), 0);
-    assert_int_equal(VKB->write(D, mx, 0, pat, gb), 0);
-    assert_int_equal(VKB->write(D, mx, gb, x, nb), 0);
-    assert_int_equal(VKB->write(D, mx, gb + nb, pat, gb), 0);
-    op.in[0] = (struct dspk__tensor){.dtype = DSPK_C64, .rank = 2, .shape = {batch, n},
-                                     .mem = mx, .offset = gb};
-    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
-    if (inplace) {
-      op.out[0] = op.in[0];
-      mo = mx;
-    } else {
-      assert_int_equal(VKB->alloc(D, nb + 2 * gb, &mo), 0);
-      assert_int_equal(VKB->write(D, mo, 0, pat, gb), 0);
-      assert_int_equal(VKB->write(D, mo, gb + nb, pat, gb), 0);
-      op.out[0].mem = mo;
-      op.out[0].offset = gb;
-    }
-    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
-    if (VKB->run(D, &op, &ctx))
-      fail_msg("fft %lld x %lld: %s", (long long)batch, (long long)n, msg);
-    for (int side = 0; side < 2; side++) {
-      assert_int_equal(VKB->read(D, mo, side ? gb + nb : 0, back, gb), 0);
-      if (memcmp(back, pat, gb))
-        fail_msg("fft %lld x %lld %s: the 64 rows %s its output changed", (long long)batch,
-                 (long long)n, inplace ? "in place" : "out of place", side ? "after" : "before");
-    }
-    if (!inplace) {
-      assert_int_equal(VKB->read(D, mx, 0, back, gb), 0);
-      if (memcmp(back, pat, gb))
-        fail_msg("fft out of place: the input's buffer changed before the input");
-    }
-    assert_int_equal(VKB->read(D, mo, gb, y, nb), 0);
-    check_rows(inplace ? "fft in place" : "fft out of place", x, y, n, batch, 0);
-    VKB->free(D, mx);
-    if (!inplace)
-      VKB->free(D, mo);
-  }
-  free(x);
-  free(y);
-  /* Bluestein: n = 17 (m = 64 with the exponent: 65 values a row of its
-   * temporaries), two whole chunks of range / (65 x 8) rows and 1001 more
-   * (the chunks of the case found), which the backend now takes in
-   * launches of at most maxComputeWorkGroupCount[1] rows */
-  const int64_t bn = 17, chunk = (int64_t)(range / (65 * 8));
-  int64_t bb = 2 * chunk + 1001, launch = chunk; /* the rows of a launch (vkfft_rows) */
-  if ((uint64_t)launch > D->props.limits.maxComputeWorkGroupCount[1])
-    launch = (int64_t)D->props.limits.maxComputeWorkGroupCount[1];
-  size_t bnb = (size_t)(bb * bn * 8);
-  if (bnb + 2 * gb > range) { /* one binding for the whole input */
-    bb = (int64_t)((range - 2 * gb) / (uint64_t)(bn * 8));
-    bnb = (size_t)(bb * bn * 8);
-  }
-  x = malloc(bnb);
-  y = malloc(bnb);
-  assert_non_null(x);
-  assert_non_null(y);
-  for (size_t i = 0; i < bnb / 4; i++)
-    x[i] = (float)h_rand();
-  struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
   struct dspk__mem *mx, *mo;
-  assert_int_equal(VKB->alloc(D, bnb, &mx), 0);
-  assert_int_equal(VKB->write(D, mx, 0, x, bnb), 0);
-  assert_int_equal(VKB->alloc(D, bnb + 2 * gb, &mo), 0);
+  assert_int_equal(VKB->alloc(D, nb + 2 * gb, &mo), 0);
   assert_int_equal(VKB->write(D, mo, 0, pat, gb), 0);
-  assert_int_equal(VKB->write(D, mo, gb + bnb, pat, gb), 0);
-  op.in[0] = (struct dspk__tensor){.dtype = DSPK_C64, .rank = 2, .shape = {bb, bn}, .mem = mx};
+  assert_int_equal(VKB->write(D, mo, gb + nb, pat, gb), 0);
+  if (inplace) {
+    mx = mo;
+    assert_int_equal(VKB->write(D, mx, gb, x, nb), 0);
+  } else {
+    assert_int_equal(VKB->alloc(D, nb, &mx), 0);
+    assert_int_equal(VKB->write(D, mx, 0, x, nb), 0);
+  }
+  struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+  op.in[0] = (struct dspk__tensor){.dtype = DSPK_C64, .rank = 2, .shape = {batch, n},
+                                   .mem = mx, .offset = inplace ? gb : 0};
   assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
   op.out[0].mem = mo;
   op.out[0].offset = gb;
   struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  const char *how = inplace ? "in place" : "out of place";
   if (VKB->run(D, &op, &ctx))
-    fail_msg("fft %lld x %lld: %s", (long long)bb, (long long)bn, msg);
+    fail_msg("fft %lld x %lld %s: %s", (long long)batch, (long long)n, how, msg);
   for (int side = 0; side < 2; side++) {
-    assert_int_equal(VKB->read(D, mo, side ? gb + bnb : 0, back, gb), 0);
+    assert_int_equal(VKB->read(D, mo, side ? gb + nb : 0, back, gb), 0);
     if (memcmp(back, pat, gb))
-      fail_msg("Bluestein fft %lld x 17: the rows beside its output changed", (long long)bb);
+      fail_msg("fft %lld x %lld %s: the 64 KiB %s its output changed", (long long)batch,
+               (long long)n, how, side ? "after" : "before");
   }
-  assert_int_equal(VKB->read(D, mo, gb, y, bnb), 0);
-  check_rows("Bluestein fft n=17", x, y, bn, bb, launch);
-  VKB->free(D, mx);
+  assert_int_equal(VKB->read(D, mo, gb, y, nb), 0);
+  char what[96];
+  snprintf(what, sizeof what, "fft %lld x %lld %s", (long long)batch, (long long)n, how);
+  check_rows(what, x, y, n, batch, every);
   VKB->free(D, mo);
+  if (!inplace)
+    VKB->free(D, mx);
   free(x);
   free(y);
   free(pat);
   free(back);
+}
+
+/* A transform writes its own output rows and nothing else: c64 rows of 64
+ * in a batch that is no multiple of 16, as many as one binding takes (up
+ * to 2429281), in place and out of place (on an H100, VkFFT wrote 15 rows
+ * past such a batch when its dispatch was split: vk_fft.c, fit_rows).  And
+ * Bluestein's rows (n = 17) in two whole chunks of its temporary and 1001
+ * rows more: there VkFFT overwrote what lay after the rows in the
+ * temporary, the exponents by which the first 960 rows of the third chunk
+ * were scaled. */
+static void t_fft_guard(void **state) {
+  (void)state;
+  uint64_t range = D->props.limits.maxStorageBufferRange & ~(uint64_t)15;
+  int64_t batch = (int64_t)(range / (64 * 8)) - 2 * 128 - 16; /* guards: 128 rows each */
+  if (batch > 2429281)
+    batch = 2429281;
+  batch = batch / 16 * 16 + 1;
+  guard_case(64, batch, 0, 0);
+  guard_case(64, batch, 1, 0);
+  /* Bluestein: m = 64 and the exponent, 65 values a row of its temporaries */
+  int64_t chunk = (int64_t)(range / (65 * 8)), bb = 2 * chunk + 1001;
+  if ((uint64_t)bb * 17 * 8 + (1 << 17) > range) /* the output within one binding */
+    bb = (int64_t)((range - (1 << 17)) / (17 * 8));
+  guard_case(17, bb, 0, chunk);
 }
 
 /* Every tuning candidate, forced in turn, computes the right transform on
