@@ -200,7 +200,7 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   bool once = false, json = false, keys, screen, seen_interval = false;
   struct sigaction sa, old_int, old_term;
   dspk_status *s = NULL;
-  int opt, rc, status = DSPK__SUB_EXIT_OK;
+  int opt, rc, status = DSPK__SUB_EXIT_OK, write_errno = 0;
 
   while ((opt = getopt_long(argc, argv, dspk__sub_top_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
@@ -288,10 +288,16 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
     else {
       frame(stdout, s, false);
       fputs("\n", stdout);
-      fflush(stdout);
+      /* A frame that cannot be written (a full device) ends the stream,
+       * as a failed write ends every command (cli.md, EXIT STATUS): it
+       * went on for ever. */
+      if (fflush(stdout) != 0 || ferror(stdout))
+        write_errno = errno ? errno : EIO;
     }
     dspk_status_free(s);
     s = NULL;
+    if (write_errno != 0)
+      break;
     until = dspk__sub_now_us() + interval * 1e6;
     for (;;) {
       double left = until - dspk__sub_now_us();
@@ -322,7 +328,9 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  if (rc < 0)
+  if (write_errno != 0)
+    status = dspk__sub_fail(ctx, DSPK_EIO, "<stdout>: %s", strerror(write_errno));
+  else if (rc < 0)
     status = dspk__sub_fail_client(ctx, rc);
   return status;
 }

@@ -1273,12 +1273,14 @@ def suite_errors(cli, tmp):
                   detail="%s: No space left on device" % dev)
         check(os.path.exists(dev), "a failed write to a device removed the device node")
         # Results on a stdout that refuses them: the command fails (it said
-        # nothing and exited 0).
-        for args in (["ping"], ["map", "abs", a34], ["devices", "--json"]):
+        # nothing and exited 0); top's stream of frames ends at the first
+        # (it went on for ever).
+        for args in (["ping"], ["map", "abs", a34], ["devices", "--json"], ["status"],
+                     ["metrics"], ["top", "--once"], ["top", "-n", "0.1"]):
             with open(dev, "wb") as full_out:
                 p = subprocess.run([cli.binary, "--socket", cli.sock] + args,
                                    stdin=subprocess.DEVNULL, stdout=full_out,
-                                   stderr=subprocess.PIPE, timeout=120)
+                                   stderr=subprocess.PIPE, timeout=60)
             err = p.stderr.decode(errors="replace")
             check(p.returncode == 1 and
                   err.startswith("dspk-submit: %s: EIO: <stdout>: No space left" % args[0]),
