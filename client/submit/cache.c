@@ -264,7 +264,9 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
     DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
-  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 ||
+      (rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0)) != 0 ||
+      (rc = dspk__sub_connect(ctx)) != 0)
     return rc;
   rc = dspk_cache_clear(ctx->client, kinds, &cleared);
   if (rc < 0)

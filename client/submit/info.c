@@ -84,7 +84,10 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
     return rc;
   if (where == NULL)
     where = dspk_default_socket(path, sizeof path) == 0 ? path : "dspkd";
-  rc = dspk__sub_connect(ctx);
+  /* Before the first round trip, whose answer would have nowhere to go. */
+  rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0);
+  if (rc == 0)
+    rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
   /* A payload over what every ping of the run can carry (the later ones'
@@ -179,7 +182,9 @@ int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {
   rc = flag_opts(ctx, argc, argv, &json, &all);
   if (rc >= 0)
     return rc;
-  rc = dspk__sub_connect(ctx);
+  rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0);
+  if (rc == 0)
+    rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
   rc = dspk_devices(ctx->client, all, &l);
@@ -229,7 +234,9 @@ int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
   rc = flag_opts(ctx, argc, argv, &json, NULL);
   if (rc >= 0)
     return rc;
-  rc = dspk__sub_connect(ctx);
+  rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0);
+  if (rc == 0)
+    rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
   rc = dspk_status_get(ctx->client, &s);

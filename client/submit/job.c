@@ -155,7 +155,9 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
       uuids[n++] = t;
     }
   }
-  rc = dspk__sub_connect(ctx);
+  rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0);
+  if (rc == 0)
+    rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
   if (reg)

@@ -45,8 +45,7 @@ static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
   char *buf;
   if (dspk__std_closed(dspk__fd_alias(path)))
     return dspk__sub_fail(ctx, DSPK_ENOENT, "%s: descriptor %d is not open",
-                          strcmp(path, "-") == 0 ? "<stdin>" : dspk__sub_arg(path),
-                          dspk__fd_alias(path));
+                          dspk__std_name(dspk__fd_alias(path)), dspk__fd_alias(path));
   f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
@@ -511,6 +510,15 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (argc - optind - 1 > DSPK_KERNEL_MAX_ARGS)
     return dspk__sub_usage(ctx, "more than %d kernel arguments",
                            DSPK_KERNEL_MAX_ARGS);
+  {
+    /* SOURCE and the tensors are read, and the result lines (or a tensor)
+     * go to standard output, only when the standard streams are there. */
+    const char *paths[KERNEL_MAX_TENSORS];
+    for (int i = 0; i < nouts; i++)
+      paths[i] = outs[i].path;
+    if (dspk__sub_check_std(ctx, true, argv + optind, argc - optind, paths, nouts) != 0)
+      return DSPK__SUB_EXIT_FAIL;
+  }
 
   dspk_task_init(&t, DSPK_OP_KERNEL);
   /* Arguments: tensors first become inputs, scalars stay scalars. */

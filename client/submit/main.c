@@ -1170,7 +1170,9 @@ int dspk__sub_json_connect(dspk__sub_ctx *ctx, int argc, char **argv, bool *json
   int rc = dspk__sub_json_only(ctx, argc, argv, json);
   if (rc >= 0)
     return rc;
-  rc = dspk__sub_connect(ctx);
+  rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0);
+  if (rc == 0)
+    rc = dspk__sub_connect(ctx);
   return rc != 0 ? rc : -1;
 }
 
@@ -1283,14 +1285,43 @@ static void guard_std_fds(void) {
   }
 }
 
+static int std_not_open(const dspk__sub_ctx *ctx, int fd) {
+  return dspk__sub_fail(ctx, DSPK_ENOENT, "%s: descriptor %d is not open", dspk__std_name(fd),
+                        fd);
+}
+
+int dspk__sub_check_std(const dspk__sub_ctx *ctx, bool writes_stdout, char *const *inputs,
+                        int ninputs, const char *const *outputs, int noutputs) {
+  for (int i = 0; i < ninputs; i++) {
+    int fd = dspk__fd_alias(inputs[i]);
+    if (dspk__std_closed(fd))
+      return std_not_open(ctx, fd);
+  }
+  for (int i = 0; i < noutputs; i++) {
+    int fd = outputs[i] == NULL             ? -1
+             : strcmp(outputs[i], "-") == 0 ? STDOUT_FILENO
+                                            : dspk__fd_alias(outputs[i]);
+    if (dspk__std_closed(fd))
+      return std_not_open(ctx, fd);
+  }
+  if (writes_stdout && dspk__std_closed(STDOUT_FILENO))
+    return std_not_open(ctx, STDOUT_FILENO);
+  return 0;
+}
+
 /* Whatever stdout still holds in its buffer is written now: a write that
- * fails there (a full disk, a closed descriptor) fails the command. */
+ * fails there (a full disk) fails the command.  One that fails because
+ * standard output was closed at the start (a command that printed without
+ * dspk__sub_check_std first: help, --version, --list-options) is told as
+ * that check tells it. */
 static int flush_stdout(const dspk__sub_ctx *ctx, int rc) {
   if (fflush(stdout) == 0 && !ferror(stdout))
     return rc;
   int e = errno;
   if (rc != DSPK__SUB_EXIT_OK)
     return rc; /* its own failure is already told */
+  if (dspk__std_closed(STDOUT_FILENO))
+    return std_not_open(ctx, STDOUT_FILENO);
   return dspk__sub_fail(ctx, DSPK_EIO, "<stdout>: %s", strerror(e ? e : EIO));
 }
 

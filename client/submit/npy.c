@@ -970,8 +970,7 @@ int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
   int fd = dspk__fd_alias(spec);
 
   if (dspk__std_closed(fd)) {
-    seterr(err, errlen, "%s: descriptor %d is not open",
-           strcmp(spec, "-") == 0 ? "<stdin>" : dspk__npy_shown(spec), fd);
+    seterr(err, errlen, "%s: descriptor %d is not open", dspk__std_name(fd), fd);
     return DSPK_ENOENT;
   }
   if (strcmp(spec, "-") == 0)

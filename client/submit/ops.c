@@ -609,6 +609,9 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   memset(&res, 0, sizeof res);
   if (dspk__sub_check_inputs(ctx, files, nfiles) != 0)
     return DSPK__SUB_EXIT_USAGE;
+  /* The result (its line, or the array) always goes to standard output. */
+  if (dspk__sub_check_std(ctx, true, files, nfiles, &a->output, 1) != 0)
+    return DSPK__SUB_EXIT_FAIL;
   for (i = 0; i < nfiles; i++) {
     int64_t shape[DSPK_MAX_RANK];
     rc = dspk__npy_input(files[i], &in[i], err, sizeof err);

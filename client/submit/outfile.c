@@ -262,6 +262,10 @@ void dspk__std_mark_closed(int fd) {
 
 bool dspk__std_closed(int fd) { return fd >= 0 && fd <= 2 && (std_closed >> fd & 1u); }
 
+const char *dspk__std_name(int fd) {
+  return fd == 0 ? "<stdin>" : fd == 1 ? "<stdout>" : "<stderr>";
+}
+
 int dspk__fd_alias(const char *path) {
   int fdlink = 0, fdno = -1;
   char *target;

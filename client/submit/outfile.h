@@ -73,6 +73,10 @@ int dspk__outfile_same(const char *a, const char *b);
 void dspk__std_mark_closed(int fd);
 bool dspk__std_closed(int fd);
 
+/* The name messages give standard descriptor fd, however the command line
+ * named it: "<stdin>", "<stdout>", "<stderr>" (fd 0, 1, 2). */
+const char *dspk__std_name(int fd);
+
 /* For an input path: the descriptor of this process it names, "-" (0) or
  * a link to one followed as outputs follow it (/dev/stdin, /dev/fd/N,
  * /proc/self/fd/N); -1 for any other path. */

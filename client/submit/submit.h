@@ -145,6 +145,21 @@ int dspk__sub_fail_inputs(const dspk__sub_ctx *ctx, int rc, const struct dspk__n
  * dspk__sub_fail_client itself. */
 int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *prefix);
 
+/* The one check of standard descriptors closed when the command started
+ * (main.c holds their numbers on /dev/null, outfile.h), made by every
+ * command once its command line is read and before it reads an input or
+ * reaches the daemon, so that nothing is done only to be thrown away (a
+ * ping's round trip, a task): an input that names one ("-", /dev/stdin,
+ * /dev/fd/N, /proc/self/fd/N; inputs[0..ninputs), the kernel's SOURCE
+ * included), then an output that names one ("-" is standard output;
+ * outputs[0..noutputs), NULL entries skipped), then standard output when
+ * writes_stdout (the command prints its result there, or a .npy, a
+ * trace).  Returns 0, or reports "<stdin>: descriptor 0 is not open"
+ * (<stdout>, <stderr>: dspk__std_name) as DSPK_ENOENT and returns
+ * DSPK__SUB_EXIT_FAIL (docs/cli.md, EXIT STATUS). */
+int dspk__sub_check_std(const dspk__sub_ctx *ctx, bool writes_stdout, char *const *inputs,
+                        int ninputs, const char *const *outputs, int noutputs);
+
 /* Connects ctx->client if not yet connected.  Returns 0, or reports the
  * failure and returns DSPK__SUB_EXIT_FAIL. */
 int dspk__sub_connect(dspk__sub_ctx *ctx);

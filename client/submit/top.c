@@ -221,7 +221,12 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_opt_other(ctx, opt, argv, opts);
     }
   }
-  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)
+  /* Every form writes standard output: the screen, the stream of frames
+   * (which would otherwise go on for ever into a closed descriptor), one
+   * frame. */
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 ||
+      (rc = dspk__sub_check_std(ctx, true, NULL, 0, NULL, 0)) != 0 ||
+      (rc = dspk__sub_connect(ctx)) != 0)
     return rc;
   if (once) {
     rc = dspk_status_get(ctx->client, &s);

@@ -1181,6 +1181,92 @@ def input_changed_while_sent(cli, tmp):
     cli.ok("ping")  # the daemon goes on
 
 
+def std_closed_at_start(cli, tmp, a34, b56):
+    """A standard descriptor closed when the command started (docs/cli.md
+    EXIT STATUS): every command that writes standard output (text, --json,
+    a .npy as -o -, trace -o -, top's stream, help) or reads standard input
+    fails with one message, 'ENOENT: <stdout>: descriptor 1 is not open'
+    (<stdin>, descriptor 0, for an input naming it however), exit 1, once
+    its command line is read and before it reads an input or reaches the
+    daemon: with a socket where no daemon listens and inputs that do not
+    exist, any later check would say ECONNECT or ENOENT naming the file.
+    The placeholder that holds the number (main.c) is never used: not as
+    an empty input, a refused write (EBADF as EIO), or after a ping."""
+    def closing(*fds):
+        def f():
+            for fd in fds:
+                os.close(fd)
+        return f
+
+    def closed_run(args, fds, sock):
+        p = subprocess.run([cli.binary] + (["--socket", sock] if sock else []) + args,
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           preexec_fn=closing(*fds), timeout=60)
+        return p.returncode, p.stderr.decode(errors="replace")
+
+    nosock = os.path.join(tmp, "nodaemon.sock")
+    missing = os.path.join(tmp, "missing.npy")
+    out = os.path.join(tmp, "closed-out.npy")
+    kern = ["kernel", "-", "--entry", "main", "--grid", "1", "--block", "1"]
+    writes = [["ping"], ["ping", "-c", "3", "--json"], ["status"], ["status", "--json"],
+              ["devices"], ["devices", "--all", "--json"], ["metrics"], ["metrics", "--json"],
+              ["cache", "stats"], ["cache", "clear", "--json"],
+              ["job", "register", "--job", "7", "--uid", "5"], ["job", "end", "--job", "7"],
+              ["top"], ["top", "--once"], ["top", "--json"],
+              ["trace", "-s", "0.1", "-o", "-"], ["trace", "-s", "0.1", "--json", "-o", out],
+              ["map", "abs", missing], ["map", "abs", missing, "--json"],
+              ["map", "abs", missing, "-o", out], ["map", "abs", missing, "-o", "-"],
+              ["map", "abs", missing, "-o", "/dev/stdout"],
+              ["map", "abs", missing, "-o", "/proc/self/fd/1"],
+              ["gemm", missing, missing], ["fft", missing, "-o", "/dev/fd/1"],
+              ["reduce", "sum", missing, "--axis", "0"], ["fir", missing, missing],
+              ["contract", "ij,jk->ik", missing, missing],
+              ["kernel", missing, "--entry", "main", "--grid", "1", "--block", "1", missing]]
+    reads = [["map", "abs", "-"], ["map", "abs", "/dev/stdin"], ["map", "add", missing, "/dev/fd/0"],
+             ["gemm", missing, "/proc/self/fd/0", "-o", out], kern + [missing],
+             ["kernel", missing, "--entry", "main", "--grid", "1", "--block", "1", "-"]]
+    for args in writes:
+        rc, err = closed_run(args, (1,), nosock)
+        want = "dspk-submit: %s: ENOENT: <stdout>: descriptor 1 is not open\n" % args[0]
+        check(rc == 1 and err == want,
+              "%s >&-: exit %d, stderr %r (want 1, %r)" % (args, rc, err, want))
+    for args in reads:
+        for fds in ((0,), (0, 1)):  # stdin is checked first
+            rc, err = closed_run(args, fds, nosock)
+            want = "dspk-submit: %s: ENOENT: <stdin>: descriptor 0 is not open\n" % args[0]
+            check(rc == 1 and err == want, "%s with %s closed: exit %d, stderr %r (want 1, %r)"
+                  % (args, fds, rc, err, want))
+    check(not os.path.exists(out), "a command with stdout closed created %s" % out)
+    # Commands that need no daemon: the same message and status.
+    for args in (["--help"], ["-V"], ["help"], ["help", "gemm"], ["gemm", "--help"],
+                 ["--list-options"], ["--list-options", "map", "abs"]):
+        rc, err = closed_run(args, (1,), None)
+        check(rc == 1 and err == "dspk-submit: %sENOENT: <stdout>: descriptor 1 is not open\n"
+              % ("help: " if args[0] == "help" else "gemm: " if args[0] == "gemm" else ""),
+              "%s >&-: exit %d, stderr %r" % (args, rc, err))
+    # A bad command line is still one (exit 2), stdout closed or not.
+    rc, err = closed_run(["ping", "-c", "0"], (1,), nosock)
+    check(rc == 2 and "EINVAL: bad --count" in err, "ping -c 0 >&-: %d %r" % (rc, err))
+    # Against the daemon: the same, and a command that writes nothing on
+    # standard output (trace -o FILE) runs; a descriptor closed while
+    # standard input is open, named as an input, is no standard stream.
+    for args in (["ping"], ["map", "abs", a34], ["map", "abs", a34, "-o", "-"], ["top"]):
+        rc, err = closed_run(args, (1,), cli.sock)
+        check(rc == 1 and err == "dspk-submit: %s: ENOENT: <stdout>: descriptor 1 is not open\n"
+              % args[0], "%s >&- (daemon): exit %d, stderr %r" % (args, rc, err))
+    trace = os.path.join(tmp, "closed.trace.json")
+    rc, err = closed_run(["trace", "-s", "0.1", "-o", trace], (1,), cli.sock)
+    with open(trace) as f:
+        events = json.load(f).get("traceEvents")
+    check(rc == 0 and err == "" and isinstance(events, list),
+          "trace -o FILE >&-: exit %d, stderr %r" % (rc, err))
+    # Standard error closed: the result still goes to stdout (the error,
+    # were there one, has nowhere to go but the exit status).
+    rc, err = closed_run(["map", "add", a34, b56], (2,), cli.sock)
+    check(rc == 1, "map add (bad shapes) 2>&-: exit %d" % rc)
+    cli.ok("ping")  # and the daemon still answers
+
+
 def suite_errors(cli, tmp):
     def save(name, x):
         p = os.path.join(tmp, name)
@@ -1299,35 +1385,7 @@ def suite_errors(cli, tmp):
                   detail="%s: No space left on device" % dev)
         check(os.path.exists(dev), "a failed trace write removed the device node")
 
-    # Standard streams closed at the start: the socket must not take their
-    # descriptors (the result, or the error line, went into the daemon's
-    # socket and the command died of SIGPIPE).
-    def closing(fd):
-        return lambda: os.close(fd)
-    # A closed standard descriptor, however named ("-" included), is a
-    # descriptor that is not open (ENOENT, cli.md), before any work: not
-    # the placeholder that holds its number (empty input, EPERM, EBADF).
-    for args, fd, want in ((["map", "abs", a34, "-o", "-"], 1, "<stdout>: descriptor 1"),
-                           (["map", "abs", a34, "-o", "/dev/stdout"], 1,
-                            "/dev/stdout: descriptor 1"),
-                           (["map", "abs", a34, "-o", "/proc/self/fd/1"], 1,
-                            "/proc/self/fd/1: descriptor 1"),
-                           (["trace", "-s", "1", "-o", "-"], 1, "<stdout>: descriptor 1"),
-                           (["map", "abs", "-"], 0, "<stdin>: descriptor 0"),
-                           (["map", "abs", "/dev/stdin"], 0, "/dev/stdin: descriptor 0"),
-                           (["map", "add", a34, "/dev/fd/0"], 0, "/dev/fd/0: descriptor 0"),
-                           (["kernel", "-", "--entry", "main", "--grid", "1", "--block", "1",
-                             a34], 0, "<stdin>: descriptor 0"),
-                           (["map", "add", a34, b56], 2, None)):
-        p = subprocess.run([cli.binary, "--socket", cli.sock] + args,
-                           stdin=subprocess.DEVNULL, capture_output=True,
-                           preexec_fn=closing(fd), timeout=120)
-        err = p.stderr.decode(errors="replace")
-        check(p.returncode == 1, "%s with fd %d closed: exit %d, stderr %r"
-              % (args, fd, p.returncode, err))
-        if want:
-            check(err == "dspk-submit: %s: ENOENT: %s is not open\n" % (args[0], want),
-                  "%s with fd %d closed: stderr %r" % (args, fd, err))
+    std_closed_at_start(cli, tmp, a34, b56)
     cli.ok("ping")  # and the daemon still answers
 
     # An endless stream is refused at its first bytes, not read until memory
@@ -2761,7 +2819,7 @@ def command_line_round6(cli, tmp):
                            stderr=subprocess.PIPE, timeout=60,
                            preexec_fn=lambda: os.close(1))
         err = p.stderr.decode(errors="replace")
-        check(p.returncode == 1 and "EIO: <stdout>:" in err,
+        check(p.returncode == 1 and "ENOENT: <stdout>: descriptor 1 is not open\n" in err,
               "%s >&-: %d %r" % (argv, p.returncode, err))
     # job: a value given but bad is named as bad, with its range.
     for args, want in ((["--job", "7", "--uid", "abc"], "bad --uid 'abc' (want a uid"),
