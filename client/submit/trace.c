@@ -58,14 +58,14 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
   if (summary && strcmp(out, "-") == 0)
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not -");
-  if ((rc = dspk__sub_output_dir(ctx, out)) != 0)
-    return rc;
   /* Standard output is written by -o - (or another name of it) and by
    * --json's summary; -o FILE alone writes nothing there. */
   if ((rc = dspk__sub_check_std(ctx, summary || strcmp(out, "-") == 0 ||
                                          dspk__fd_alias(out) == STDOUT_FILENO,
                                 NULL, 0,
                                 &out, 1)) != 0)
+    return rc;
+  if ((rc = dspk__sub_output_dir(ctx, out)) != 0)
     return rc;
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
