@@ -380,6 +380,19 @@ def _launch(fn: Callable[..., None], *args: Any) -> None:
     _thread.start_new_thread(fn, args)
 
 
+class _HandOff(Exception):
+    """_write_locked in submit() (``handoff``): the socket takes no more without
+    waiting.  ``views`` (what is left of the message, the caller's list), ``anc`` (the
+    descriptors, when none of the message went yet) and ``sent`` (its bytes written)
+    go to the client's writer thread (Client._send_chunks)."""
+
+    def __init__(self, views: List[memoryview], anc: List[Any], sent: int) -> None:
+        super().__init__()
+        self.views = views
+        self.anc = anc
+        self.sent = sent
+
+
 class _ClosedWhileSending(Exception):
     """close() woke a thread waiting for room to send."""
 
@@ -879,6 +892,9 @@ class TaskFuture(concurrent.futures.Future):
     _ran: int = 0
     # Its request's method (a Timeout or a send error names it).
     _method: str = ""
+    # A submit()'s request whose rest the client's writer thread sends (the socket
+    # took no more without waiting): a failure of that sending ends this future.
+    _handed: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -2805,27 +2821,108 @@ class Client:
         # another thread holds meanwhile, would wait for ever.
         if deadline is _EACH:
             deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        # submit() waits for nothing, the socket included (docs/python.md, Futures):
+        # while another thread holds the right to send, the op goes to the worker
+        # (_Defer: nothing of it was sent), and what the socket does not take at once
+        # is handed, with the right to send, to a writer thread (_hand_off), whose
+        # failure (a timeout, a lost connection) ends the future.
+        handoff = mark is not None and getattr(self._tl, "deferring", False)
         sl, token = self._send_lock, object()
+        handed: List[int] = []  # the writer thread's ident once it was started
         try:
-            try:
-                sl.claim(token, deadline, gone=self._gone)
-            except _SendWaitTimeout:
-                raise _errors.Timeout("%s: could not send the request within %gs (the "
-                                      "daemon reads no more)" % (self._request_at(mark),
-                                                                 self.timeout)) from None
+            if handoff:
+                if not sl.claim(token, None, wait=False, gone=self._gone):
+                    raise _Defer()
+            else:
+                try:
+                    sl.claim(token, deadline, gone=self._gone)
+                except _SendWaitTimeout:
+                    raise _errors.Timeout("%s: could not send the request within %gs "
+                                          "(the daemon reads no more)" % (
+                                              self._request_at(mark), self.timeout)
+                                          ) from None
             if self._closed is not None:
                 raise self._closed_error()
             # The frees owed first (shared arrays collected since the last request):
             # the daemon has them before this request's answer.
             self._flush_frees_locked()
-            self._write_locked(views, anc, deadline, mark=mark)
+            try:
+                self._write_locked(views, anc, deadline, mark=mark, handoff=handoff)
+            except _HandOff as h:
+                self._hand_off(token, h, deadline, mark, handed)
+                if handed:
+                    return  # the writer thread gives the right to send back
             self._flush_frees_locked()
         finally:
-            if sl.owner is token:  # no call before the store: nothing can cut it
+            if sl.owner is token and not handed:  # no call before the store
                 sl.owner = None
                 self._after_send()
         if self._dead_shared or self._dead_claims:  # queued while this thread held the lock
             self._flush_frees()
+
+    def _hand_off(self, token: Any, h: _HandOff, deadline: Optional[float],
+                  mark: Any, handed: List[int]) -> None:
+        """submit()'s request, of which the socket took ``h.sent`` bytes without waiting:
+        its rest goes to a new writer thread, which holds the right to send (``token``)
+        until the message is written whole; ``handed`` gets the thread's ident (stored
+        by C code, so that an interruption after the start still finds it).  The rest
+        is copied first where it lies in the caller's memory (a numpy operand), which
+        the caller may write once submit() returns.  Where no thread can be had, the
+        rest is written here, waiting as a synchronous call does."""
+        try:
+            rest = [v if isinstance(v.obj, bytes) else memoryview(bytes(v))
+                    for v in h.views]
+            mark._handed = True
+            handed.extend(map(_thread.start_new_thread, (self._writer_main,),
+                              ((token, rest, h.anc, h.sent, deadline, mark),)))
+        except RuntimeError as e:  # _thread: "can't start new thread"
+            if _foreign(e) or handed:
+                raise
+            mark._handed = False
+            self._write_locked(h.views, h.anc, deadline, h.sent, mark)
+        except BaseException as e:  # an interruption (or no memory for the copy)
+            if not handed and h.sent:  # the stream is inside the message: cut it
+                self._cut(_errors.Closed(
+                    "a request was cut after %d bytes by %s; the connection is closed"
+                    % (h.sent, type(e).__name__)))
+            raise
+
+    def _writer_main(self, token: Any, views: List[memoryview], anc: List[Any],
+                     sent: int, deadline: Optional[float], mark: TaskFuture) -> None:
+        """The writer thread of one submit() (_hand_off): writes the rest of its
+        request, waiting for room at most until ``deadline``, then gives the right to
+        send back.  A failure ends the future (dspk.Timeout, the connection closed
+        when part of the request went; dspk.Closed when it is gone)."""
+        sl = self._send_lock
+        try:
+            try:
+                self._write_locked(views, anc, deadline, sent, mark)
+                self._flush_frees_locked()
+            except BaseException as e:  # noqa: B036 - the future's, on this thread
+                err = _as_error(e)
+                if not isinstance(err, Error):
+                    err = _errors.IOFailure("sending %s: %s: %s" % (
+                        self._request_at(mark), type(e).__name__, e))
+                self._fail_call(mark, err)
+        finally:
+            if sl.owner is token:  # no call before the store
+                sl.owner = None
+                self._after_send()
+        if self._dead_shared or self._dead_claims:
+            self._flush_frees()
+
+    def _fail_call(self, fut: TaskFuture, err: BaseException) -> None:
+        """Ends a pending request's future with ``err`` (its request was not sent
+        whole: no answer will come)."""
+        with self._lock:
+            call = self._pending.get(fut._msgid)
+            if call is not None and call.future is fut:
+                del self._pending[fut._msgid]
+                self._direct.pop(fut._msgid, None)
+                if call.is_async:
+                    self._async -= 1
+                self._cond.notify_all()
+        self._settle(fut, exc=err)
 
     def _gone(self) -> Optional[BaseException]:
         """For _SendLock.claim: the error of a closed client, else None."""
@@ -2840,13 +2937,14 @@ class Client:
 
     def _write_locked(self, views: List[memoryview], anc: List[Any],
                       deadline: Optional[float], sent: int = 0,
-                      mark: Optional[TaskFuture] = None) -> None:
+                      mark: Optional[TaskFuture] = None, handoff: bool = False) -> None:
         """Writes ``views`` whole (the caller holds the send lock; ``sent``: bytes of the
         message already written).  A message cut on the wire leaves a stream that can
         carry no other, so the connection is closed (later calls: dspk.Closed) when
         the timeout runs out (dspk.Timeout) or any exception (KeyboardInterrupt) is
         raised after part of it was written; one raised before the first byte went,
-        or after the last, leaves the connection usable."""
+        or after the last, leaves the connection usable.  With ``handoff`` (submit()),
+        _HandOff where it would wait for room."""
         total = sent + sum(v.nbytes for v in views)
         # What each sendmsg returned, appended by C code (list.extend of a map calls
         # sendmsg and stores its count without returning to Python code in between):
@@ -2875,6 +2973,8 @@ class Client:
                         raise  # a signal handler's TimeoutError...: not a lost socket
                     raise _LostWhileSending(e) from None
                 if n < 0:
+                    if handoff:
+                        raise _HandOff(views, anc, sent)
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         self._send_timed_out(sent, mark)
@@ -2900,6 +3000,8 @@ class Client:
                     else:
                         views[0] = views[0][n:]
                         n = 0
+        except _HandOff:
+            raise  # nothing cut: the writer thread sends the rest
         except _ClosedWhileSending:
             if 0 < sent < total:
                 self._cut(_errors.Closed("connection closed by the client while a "
@@ -3066,14 +3168,17 @@ class Client:
         """The timeout ran out while sending: dspk.Timeout.  With part of the request
         written, the stream cannot carry another message: the connection is closed
         (later calls raise dspk.Closed); with nothing written it stays."""
+        err = _errors.Timeout("%s: could not send the request within %gs (the daemon "
+                              "reads no more)%s" % (self._request_at(mark), self.timeout,
+                                                    "; the connection is closed"
+                                                    if sent else ""))
+        if mark is not None and mark._handed:
+            self._fail_call(mark, err)  # the future says why, before the cut fails it
         if sent:
             self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-        raise _errors.Timeout("%s: could not send the request within %gs (the daemon "
-                              "reads no more)%s" % (self._request_at(mark), self.timeout,
-                                                    "; the connection is closed"
-                                                    if sent else ""))
+        raise err
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -4395,7 +4500,7 @@ class Client:
         try:
             self._start("devices", None, lambda res: learn(_decode_devices(res)),
                         is_async=True)._add_inline(done)
-        except Error:
+        except (Error, _Defer):  # _Defer: another thread sends; asked again later
             self._any_asking = False
 
     def _task_device(self, op: str, inputs: Sequence[Any], options: Mapping[str, Any]
