@@ -4807,6 +4807,24 @@ class Client:
         # device, and that device decides where operands are staged.
         out_shared = None
         outputs = None
+        pinned: List[Tuple[str, str]] = []  # (device, what pinned it), the first kept
+
+        def pin(dev: str, what: str) -> None:
+            # A buffer reference pins the task to the buffer's device: another device=,
+            # or another operand's device, would be the daemon's EINVAL naming neither
+            # the operand nor device= ("the task asks for vulkan:0 but its buffers are
+            # on cpu:0"): refused here, naming both, before anything is sent.
+            if device != "any" and dev != device:
+                raise _errors.InvalidArgument(
+                    "%s is on %s, but device=%r: a DeviceArray or a shared array pins the "
+                    "task to its own device (pass device=%r, or \"any\")"
+                    % (what, dev, device, dev))
+            if pinned and pinned[0][0] != dev:
+                raise _errors.InvalidArgument(
+                    "%s is on %s, but %s is on %s: the operands and out= of one task must "
+                    "be on one device" % (what, dev, pinned[0][1], pinned[0][0]))
+            if not pinned:
+                pinned.append((dev, what))
         if out is not None:
             if isinstance(out, (np.ma.MaskedArray, np.matrix)):
                 # The daemon would write the data under a mask it leaves as it was, or
@@ -4843,6 +4861,7 @@ class Client:
                         "out=: the view starts at byte %d of its shared array, not a "
                         "multiple of its item size (%d), where the daemon cannot write a "
                         "result" % (ref[1], out.dtype.itemsize))
+                pin(ref[2], "out= (a shared array)")
                 out_shared = out
                 outputs = [{"buffer": ref[0], "offset": ref[1]}]
                 out = None
@@ -4854,6 +4873,7 @@ class Client:
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
                 out._live("out=")
+                pin(out.device, "out= (a DeviceArray)")
                 outputs = [{"buffer": out.buffer, "offset": out._offset}]
                 if target == "any":
                     target = out.device
@@ -4898,6 +4918,7 @@ class Client:
             if isinstance(x, DeviceArray):
                 if x.client is not self:
                     raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
+                pin(x.device, "input %d (a DeviceArray)" % i)
                 tensors.append(x._ref())
                 by_pos[i] = x
                 if target == "any":
@@ -4910,6 +4931,7 @@ class Client:
                 # A view that starts off its item size (s[1:5].view(np.float64) of a
                 # float32 array) cannot be referenced (protocol.md): sent as a copy.
                 if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
+                    pin(ref[2], "input %d (a shared array)" % i)
                     t["buffer"], t["offset"] = ref[0], ref[1]
                     shared_ops.append((ref[0], ref[1], a))
                     by_pos[i] = a
