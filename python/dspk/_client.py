@@ -6,8 +6,11 @@ every response by msgid, the others wait for theirs), so a synchronous call cost
 switch; while futures of :meth:`Client.submit` are pending, a reader thread keeps reading so
 that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.  A
 submit() whose task needs an answer before it can be sent (a staged operand's or a large
-result's temporary buffer) is done by a worker thread of the client's, in order, so that
-submit() itself never waits for an answer.
+result's temporary buffer), or made while another thread sends, is done by a worker
+thread of the client's, in order, and the rest of a submit()'s request that the socket
+does not take at once is written by a writer thread that holds the send lock until the
+request is whole, so that submit() itself never waits for an answer nor for the socket.
+Callbacks (done-callbacks, progress) run on the dspk-callbacks thread.
 """
 from __future__ import annotations
 
@@ -718,7 +721,9 @@ def connect(socket: Optional[SocketPath] = None, *,
         timeout: seconds (more than 0) any one call may wait to connect, to send its
             request and for its answer before it raises :class:`dspk.Timeout` (None, inf
             or more than 1e9: wait for ever; a daemon that goes away always ends the wait
-            with :class:`dspk.Closed`).  Futures of submit() wait as their result() says.
+            with :class:`dspk.Closed`).  Futures of submit() wait as their result() says;
+            the timeout bounds the sending of a submit()'s request too, ending its
+            future (never submit()) with dspk.Timeout.
 
     Raises:
         dspk.ConnectError: no daemon listens there (with what the path is when it is
@@ -1150,7 +1155,7 @@ class TaskFuture(concurrent.futures.Future):
 
     def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
         """The client's own done-callbacks: run where the future completes (the thread
-        reading, the worker, the dspk-callbacks thread for a settle queued behind
+        reading, the worker, a submit()'s writer thread, the dspk-callbacks thread for a settle queued behind
         progress calls), what they raise kept in them as for a user's callback."""
         if self.done():
             self._add_callback(fn)
@@ -2324,7 +2329,9 @@ def _env_job() -> int:
 
 class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
-    may call it at once; each call waits only for its own answer."""
+    may call it at once; each call waits only for its own answer.  Callbacks (a
+    future's done-callbacks, ``progress``) run in order on the client's
+    ``dspk-callbacks`` thread, never on the thread reading the connection."""
 
     def __init__(self, socket: Optional[SocketPath] = None, *,
                  name: Optional[str] = None, timeout: Optional[Real] = None) -> None:
@@ -3886,7 +3893,7 @@ class Client:
     def _progress(fn: Progress, what: str, frac: float) -> None:
         """Runs a ``progress`` callback; whatever it raises, BaseExceptions included
         (KeyboardInterrupt, SystemExit), is its own and ignored: it must neither stop
-        the thread reading the connection nor surface in another call."""
+        the dspk-callbacks thread (which runs it) nor surface in another call."""
         try:
             fn(what, frac)
         except BaseException:  # noqa: B036, BLE001
@@ -4385,9 +4392,17 @@ class Client:
         """An uninitialised numpy array in memory shared with the daemon.
 
         The array lives in a memfd (sealed against shrinking and growing) that the daemon
-        maps too (``buffer.import``): passing it, or any C-contiguous slice of it, as an
-        operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
-        these very pages.  The daemon's buffer is freed when the array (and every view
+        maps too (``buffer.import``): a view of it (the array itself, a slice, a
+        reshape, a ``.view()`` of another dtype) that is C-contiguous, little-endian
+        and starts at a multiple of its own item size from the array's first byte is
+        sent as a reference to the daemon's buffer (its bytes are not copied; on
+        ``cpu:0`` the daemon reads and writes these very pages).  As an operand, any
+        other view (strided, big-endian, or starting off its item size, such as
+        ``s[1:5].view(np.float64)`` of a float32 array) is sent as a copy, as a plain
+        numpy array is; as ``out=`` it is dspk.InvalidArgument before anything is sent
+        (so is one that is read-only).  The view pins the task to ``device``: another
+        ``device=`` of the op, or an operand on another device, is
+        dspk.InvalidArgument.  The daemon's buffer is freed when the array (and every view
         of it) is garbage collected (where the collection cannot send the free, with
         the client's next request), or when the connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
@@ -5551,8 +5566,16 @@ class Client:
                **kwargs: Any) -> TaskFuture:
         """Sends ``op`` (a name of the ops above: "gemm", "fft", ...) without waiting and
         returns a Future of its result; any number may be in flight on one connection.
-        ``progress(what, fraction)`` is called for the daemon's task.progress
-        notifications (autotuning), from the thread reading the connection."""
+        Nothing here waits, for an answer or for the socket: a step that needs an
+        answer first goes to the client's worker thread, and the part of the request
+        that the socket does not take at once (a daemon that reads slowly or not at
+        all) is sent by a writer thread of its own, from a copy of the caller's
+        operands; a failure of those steps (dspk.Timeout, dspk.Closed...) ends the
+        future, never submit().  Errors of the arguments are raised here, as by the
+        op's method.  ``progress(what, fraction)`` is called for the daemon's
+        task.progress notifications (autotuning), before the future completes, on the
+        client's ``dspk-callbacks`` thread (never on the thread reading the
+        connection), as the future's done-callbacks are."""
         if op not in self._OPS:
             raise _errors.InvalidArgument("submit: unknown op %r (one of %s)"
                                           % (op, ", ".join(self._OPS)))
