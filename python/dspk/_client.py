@@ -897,6 +897,9 @@ class TaskFuture(concurrent.futures.Future):
     _ran: int = 0
     # Its request's method (a Timeout or a send error names it).
     _method: str = ""
+    # The future of the request that carries this one's task, where that is another
+    # (a worker's submit(), a task with staged results): ``sent`` reads it.
+    _via: "Optional[TaskFuture]" = None
     # A submit()'s request whose rest the client's writer thread sends (the socket
     # took no more without waiting): a failure of that sending ends this future.
     _handed: bool = False
@@ -913,8 +916,10 @@ class TaskFuture(concurrent.futures.Future):
     @property
     def sent(self) -> bool:
         """Whether its request was written whole to the socket (read-only: the client
-        goes by it to know whether an answer will come)."""
-        return self._sent
+        goes by it to know whether an answer will come).  For a submit() handed to
+        the worker, or with staged results, the request of its task."""
+        via = self._via
+        return self._sent or (via is not None and via.sent)
 
     def _locked(self) -> Any:
         """The future's lock, for a ``with`` block.  On the main thread (the one that
@@ -4163,6 +4168,7 @@ class Client:
             try:
                 if inner is not None:
                     job.future._msgid = inner.msgid
+                    job.future._via = inner
                     if stop or job.future.done():  # canceled while it was being sent
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
@@ -5268,6 +5274,7 @@ class Client:
         user._owner = weakref.ref(self)
         inner = self._start("task.run", args, None, progress, is_async, bigs)
         user._msgid = inner.msgid
+        user._via = inner
         lock = threading.Lock()
 
         def release() -> None:

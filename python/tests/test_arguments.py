@@ -704,11 +704,19 @@ def test_cancel_future_of_another_connection(daemon):
     canceled c2's own request of that number (msgids count from 1 on every
     connection).  Now InvalidArgument, as for a Future that is not submit()'s."""
     import concurrent.futures
-    big = RNG.uniform(-1, 1, (600, 600))
+    data = RNG.uniform(-1, 1, (600, 600))
     with dspk.connect(daemon.socket, timeout=TIMEOUT) as c1, \
             dspk.connect(daemon.socket, timeout=TIMEOUT) as c2:
-        f1 = [c1.submit("gemm", big, big) for _ in range(3)]
-        f2 = [c2.submit("gemm", big, big) for _ in range(3)]
+        # Shared operands: small requests, each sent whole by submit() itself (a
+        # large inline one may go on with the client's writer or worker thread, its
+        # msgid 0 until then).
+        b1, b2 = c1.empty_shared(data.shape, data.dtype), c2.empty_shared(data.shape,
+                                                                           data.dtype)
+        b1[:] = data
+        b2[:] = data
+        big = data
+        f1 = [c1.submit("gemm", b1, b1) for _ in range(3)]
+        f2 = [c2.submit("gemm", b2, b2) for _ in range(3)]
         assert [f.msgid for f in f1] == [f.msgid for f in f2]  # the same numbers
         for fut in (f1[-1], concurrent.futures.Future(), None):
             with pytest.raises(dspk.InvalidArgument, match="not a future of this"):
@@ -823,6 +831,7 @@ def test_submit_never_waits_for_a_daemon_that_reads_no_more(fresh_daemon, monkey
     np.testing.assert_allclose(f.result(TIMEOUT), want, rtol=1e-6)
     assert f.sent
     assert g.result(TIMEOUT) == 5.0
+    assert g.sent and g.msgid > f.msgid  # sent by the worker, after f's request
     assert c.ping() > 0
     c.close()
 

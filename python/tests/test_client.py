@@ -591,6 +591,9 @@ def test_daemon_stopped_mid_call(fresh_daemon):
     c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
     a = f32(512, 512)
     futs = [c.submit("gemm", a, a) for _ in range(40)]
+    # submit() waits for no socket: its requests may still be with the client's
+    # writer or worker thread.  A synchronous call is sent after them all.
+    assert c.ping() > 0 and all(f.sent or f.done() for f in futs)
     futs[0].result(TIMEOUT)
     fresh_daemon.proc.send_signal(signal.SIGTERM)
     for f in futs:
