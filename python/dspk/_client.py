@@ -6,8 +6,11 @@ every response by msgid, the others wait for theirs), so a synchronous call cost
 switch; while futures of :meth:`Client.submit` are pending, a reader thread keeps reading so
 that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.  A
 submit() whose task needs an answer before it can be sent (a staged operand's or a large
-result's temporary buffer) is done by a worker thread of the client's, in order, so that
-submit() itself never waits for an answer.
+result's temporary buffer), or made while another thread sends, is done by a worker
+thread of the client's, in order, and the rest of a submit()'s request that the socket
+does not take at once is written by a writer thread that holds the send lock until the
+request is whole, so that submit() itself never waits for an answer nor for the socket.
+Callbacks (done-callbacks, progress) run on the dspk-callbacks thread.
 """
 from __future__ import annotations
 
@@ -380,6 +383,19 @@ def _launch(fn: Callable[..., None], *args: Any) -> None:
     _thread.start_new_thread(fn, args)
 
 
+class _HandOff(Exception):
+    """_write_locked in submit() (``handoff``): the socket takes no more without
+    waiting.  ``views`` (what is left of the message, the caller's list), ``anc`` (the
+    descriptors, when none of the message went yet) and ``sent`` (its bytes written)
+    go to the client's writer thread (Client._send_chunks)."""
+
+    def __init__(self, views: List[memoryview], anc: List[Any], sent: int) -> None:
+        super().__init__()
+        self.views = views
+        self.anc = anc
+        self.sent = sent
+
+
 class _ClosedWhileSending(Exception):
     """close() woke a thread waiting for room to send."""
 
@@ -705,7 +721,9 @@ def connect(socket: Optional[SocketPath] = None, *,
         timeout: seconds (more than 0) any one call may wait to connect, to send its
             request and for its answer before it raises :class:`dspk.Timeout` (None, inf
             or more than 1e9: wait for ever; a daemon that goes away always ends the wait
-            with :class:`dspk.Closed`).  Futures of submit() wait as their result() says.
+            with :class:`dspk.Closed`).  Futures of submit() wait as their result() says;
+            the timeout bounds the sending of a submit()'s request too, ending its
+            future (never submit()) with dspk.Timeout.
 
     Raises:
         dspk.ConnectError: no daemon listens there (with what the path is when it is
@@ -879,6 +897,12 @@ class TaskFuture(concurrent.futures.Future):
     _ran: int = 0
     # Its request's method (a Timeout or a send error names it).
     _method: str = ""
+    # The future of the request that carries this one's task, where that is another
+    # (a worker's submit(), a task with staged results): ``sent`` reads it.
+    _via: "Optional[TaskFuture]" = None
+    # A submit()'s request whose rest the client's writer thread sends (the socket
+    # took no more without waiting): a failure of that sending ends this future.
+    _handed: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -892,8 +916,10 @@ class TaskFuture(concurrent.futures.Future):
     @property
     def sent(self) -> bool:
         """Whether its request was written whole to the socket (read-only: the client
-        goes by it to know whether an answer will come)."""
-        return self._sent
+        goes by it to know whether an answer will come).  For a submit() handed to
+        the worker, or with staged results, the request of its task."""
+        via = self._via
+        return self._sent or (via is not None and via.sent)
 
     def _locked(self) -> Any:
         """The future's lock, for a ``with`` block.  On the main thread (the one that
@@ -1134,7 +1160,7 @@ class TaskFuture(concurrent.futures.Future):
 
     def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
         """The client's own done-callbacks: run where the future completes (the thread
-        reading, the worker, the dspk-callbacks thread for a settle queued behind
+        reading, the worker, a submit()'s writer thread, the dspk-callbacks thread for a settle queued behind
         progress calls), what they raise kept in them as for a user's callback."""
         if self.done():
             self._add_callback(fn)
@@ -2308,7 +2334,9 @@ def _env_job() -> int:
 
 class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
-    may call it at once; each call waits only for its own answer."""
+    may call it at once; each call waits only for its own answer.  Callbacks (a
+    future's done-callbacks, ``progress``) run in order on the client's
+    ``dspk-callbacks`` thread, never on the thread reading the connection."""
 
     def __init__(self, socket: Optional[SocketPath] = None, *,
                  name: Optional[str] = None, timeout: Optional[Real] = None) -> None:
@@ -2805,27 +2833,108 @@ class Client:
         # another thread holds meanwhile, would wait for ever.
         if deadline is _EACH:
             deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        # submit() waits for nothing, the socket included (docs/python.md, Futures):
+        # while another thread holds the right to send, the op goes to the worker
+        # (_Defer: nothing of it was sent), and what the socket does not take at once
+        # is handed, with the right to send, to a writer thread (_hand_off), whose
+        # failure (a timeout, a lost connection) ends the future.
+        handoff = mark is not None and getattr(self._tl, "deferring", False)
         sl, token = self._send_lock, object()
+        handed: List[int] = []  # the writer thread's ident once it was started
         try:
-            try:
-                sl.claim(token, deadline, gone=self._gone)
-            except _SendWaitTimeout:
-                raise _errors.Timeout("%s: could not send the request within %gs (the "
-                                      "daemon reads no more)" % (self._request_at(mark),
-                                                                 self.timeout)) from None
+            if handoff:
+                if not sl.claim(token, None, wait=False, gone=self._gone):
+                    raise _Defer()
+            else:
+                try:
+                    sl.claim(token, deadline, gone=self._gone)
+                except _SendWaitTimeout:
+                    raise _errors.Timeout("%s: could not send the request within %gs "
+                                          "(the daemon reads no more)" % (
+                                              self._request_at(mark), self.timeout)
+                                          ) from None
             if self._closed is not None:
                 raise self._closed_error()
             # The frees owed first (shared arrays collected since the last request):
             # the daemon has them before this request's answer.
             self._flush_frees_locked()
-            self._write_locked(views, anc, deadline, mark=mark)
+            try:
+                self._write_locked(views, anc, deadline, mark=mark, handoff=handoff)
+            except _HandOff as h:
+                self._hand_off(token, h, deadline, mark, handed)
+                if handed:
+                    return  # the writer thread gives the right to send back
             self._flush_frees_locked()
         finally:
-            if sl.owner is token:  # no call before the store: nothing can cut it
+            if sl.owner is token and not handed:  # no call before the store
                 sl.owner = None
                 self._after_send()
         if self._dead_shared or self._dead_claims:  # queued while this thread held the lock
             self._flush_frees()
+
+    def _hand_off(self, token: Any, h: _HandOff, deadline: Optional[float],
+                  mark: Any, handed: List[int]) -> None:
+        """submit()'s request, of which the socket took ``h.sent`` bytes without waiting:
+        its rest goes to a new writer thread, which holds the right to send (``token``)
+        until the message is written whole; ``handed`` gets the thread's ident (stored
+        by C code, so that an interruption after the start still finds it).  The rest
+        is copied first where it lies in the caller's memory (a numpy operand), which
+        the caller may write once submit() returns.  Where no thread can be had, the
+        rest is written here, waiting as a synchronous call does."""
+        try:
+            rest = [v if isinstance(v.obj, bytes) else memoryview(bytes(v))
+                    for v in h.views]
+            mark._handed = True
+            handed.extend(map(_thread.start_new_thread, (self._writer_main,),
+                              ((token, rest, h.anc, h.sent, deadline, mark),)))
+        except RuntimeError as e:  # _thread: "can't start new thread"
+            if _foreign(e) or handed:
+                raise
+            mark._handed = False
+            self._write_locked(h.views, h.anc, deadline, h.sent, mark)
+        except BaseException as e:  # an interruption (or no memory for the copy)
+            if not handed and h.sent:  # the stream is inside the message: cut it
+                self._cut(_errors.Closed(
+                    "a request was cut after %d bytes by %s; the connection is closed"
+                    % (h.sent, type(e).__name__)))
+            raise
+
+    def _writer_main(self, token: Any, views: List[memoryview], anc: List[Any],
+                     sent: int, deadline: Optional[float], mark: TaskFuture) -> None:
+        """The writer thread of one submit() (_hand_off): writes the rest of its
+        request, waiting for room at most until ``deadline``, then gives the right to
+        send back.  A failure ends the future (dspk.Timeout, the connection closed
+        when part of the request went; dspk.Closed when it is gone)."""
+        sl = self._send_lock
+        try:
+            try:
+                self._write_locked(views, anc, deadline, sent, mark)
+                self._flush_frees_locked()
+            except BaseException as e:  # noqa: B036 - the future's, on this thread
+                err = _as_error(e)
+                if not isinstance(err, Error):
+                    err = _errors.IOFailure("sending %s: %s: %s" % (
+                        self._request_at(mark), type(e).__name__, e))
+                self._fail_call(mark, err)
+        finally:
+            if sl.owner is token:  # no call before the store
+                sl.owner = None
+                self._after_send()
+        if self._dead_shared or self._dead_claims:
+            self._flush_frees()
+
+    def _fail_call(self, fut: TaskFuture, err: BaseException) -> None:
+        """Ends a pending request's future with ``err`` (its request was not sent
+        whole: no answer will come)."""
+        with self._lock:
+            call = self._pending.get(fut._msgid)
+            if call is not None and call.future is fut:
+                del self._pending[fut._msgid]
+                self._direct.pop(fut._msgid, None)
+                if call.is_async:
+                    self._async -= 1
+                self._cond.notify_all()
+        self._settle(fut, exc=err)
 
     def _gone(self) -> Optional[BaseException]:
         """For _SendLock.claim: the error of a closed client, else None."""
@@ -2840,13 +2949,14 @@ class Client:
 
     def _write_locked(self, views: List[memoryview], anc: List[Any],
                       deadline: Optional[float], sent: int = 0,
-                      mark: Optional[TaskFuture] = None) -> None:
+                      mark: Optional[TaskFuture] = None, handoff: bool = False) -> None:
         """Writes ``views`` whole (the caller holds the send lock; ``sent``: bytes of the
         message already written).  A message cut on the wire leaves a stream that can
         carry no other, so the connection is closed (later calls: dspk.Closed) when
         the timeout runs out (dspk.Timeout) or any exception (KeyboardInterrupt) is
         raised after part of it was written; one raised before the first byte went,
-        or after the last, leaves the connection usable."""
+        or after the last, leaves the connection usable.  With ``handoff`` (submit()),
+        _HandOff where it would wait for room."""
         total = sent + sum(v.nbytes for v in views)
         # What each sendmsg returned, appended by C code (list.extend of a map calls
         # sendmsg and stores its count without returning to Python code in between):
@@ -2875,6 +2985,8 @@ class Client:
                         raise  # a signal handler's TimeoutError...: not a lost socket
                     raise _LostWhileSending(e) from None
                 if n < 0:
+                    if handoff:
+                        raise _HandOff(views, anc, sent)
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         self._send_timed_out(sent, mark)
@@ -2900,6 +3012,8 @@ class Client:
                     else:
                         views[0] = views[0][n:]
                         n = 0
+        except _HandOff:
+            raise  # nothing cut: the writer thread sends the rest
         except _ClosedWhileSending:
             if 0 < sent < total:
                 self._cut(_errors.Closed("connection closed by the client while a "
@@ -3066,14 +3180,17 @@ class Client:
         """The timeout ran out while sending: dspk.Timeout.  With part of the request
         written, the stream cannot carry another message: the connection is closed
         (later calls raise dspk.Closed); with nothing written it stays."""
+        err = _errors.Timeout("%s: could not send the request within %gs (the daemon "
+                              "reads no more)%s" % (self._request_at(mark), self.timeout,
+                                                    "; the connection is closed"
+                                                    if sent else ""))
+        if mark is not None and mark._handed:
+            self._fail_call(mark, err)  # the future says why, before the cut fails it
         if sent:
             self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-        raise _errors.Timeout("%s: could not send the request within %gs (the daemon "
-                              "reads no more)%s" % (self._request_at(mark), self.timeout,
-                                                    "; the connection is closed"
-                                                    if sent else ""))
+        raise err
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -3781,7 +3898,7 @@ class Client:
     def _progress(fn: Progress, what: str, frac: float) -> None:
         """Runs a ``progress`` callback; whatever it raises, BaseExceptions included
         (KeyboardInterrupt, SystemExit), is its own and ignored: it must neither stop
-        the thread reading the connection nor surface in another call."""
+        the dspk-callbacks thread (which runs it) nor surface in another call."""
         try:
             fn(what, frac)
         except BaseException:  # noqa: B036, BLE001
@@ -4051,6 +4168,7 @@ class Client:
             try:
                 if inner is not None:
                     job.future._msgid = inner.msgid
+                    job.future._via = inner
                     if stop or job.future.done():  # canceled while it was being sent
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
@@ -4280,9 +4398,17 @@ class Client:
         """An uninitialised numpy array in memory shared with the daemon.
 
         The array lives in a memfd (sealed against shrinking and growing) that the daemon
-        maps too (``buffer.import``): passing it, or any C-contiguous slice of it, as an
-        operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
-        these very pages.  The daemon's buffer is freed when the array (and every view
+        maps too (``buffer.import``): a view of it (the array itself, a slice, a
+        reshape, a ``.view()`` of another dtype) that is C-contiguous, little-endian
+        and starts at a multiple of its own item size from the array's first byte is
+        sent as a reference to the daemon's buffer (its bytes are not copied; on
+        ``cpu:0`` the daemon reads and writes these very pages).  As an operand, any
+        other view (strided, big-endian, or starting off its item size, such as
+        ``s[1:5].view(np.float64)`` of a float32 array) is sent as a copy, as a plain
+        numpy array is; as ``out=`` it is dspk.InvalidArgument before anything is sent
+        (so is one that is read-only).  The view pins the task to ``device``: another
+        ``device=`` of the op, or an operand on another device, is
+        dspk.InvalidArgument.  The daemon's buffer is freed when the array (and every view
         of it) is garbage collected (where the collection cannot send the free, with
         the client's next request), or when the connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
@@ -4395,7 +4521,7 @@ class Client:
         try:
             self._start("devices", None, lambda res: learn(_decode_devices(res)),
                         is_async=True)._add_inline(done)
-        except Error:
+        except (Error, _Defer):  # _Defer: another thread sends; asked again later
             self._any_asking = False
 
     def _task_device(self, op: str, inputs: Sequence[Any], options: Mapping[str, Any]
@@ -4702,6 +4828,24 @@ class Client:
         # device, and that device decides where operands are staged.
         out_shared = None
         outputs = None
+        pinned: List[Tuple[str, str]] = []  # (device, what pinned it), the first kept
+
+        def pin(dev: str, what: str) -> None:
+            # A buffer reference pins the task to the buffer's device: another device=,
+            # or another operand's device, would be the daemon's EINVAL naming neither
+            # the operand nor device= ("the task asks for vulkan:0 but its buffers are
+            # on cpu:0"): refused here, naming both, before anything is sent.
+            if device != "any" and dev != device:
+                raise _errors.InvalidArgument(
+                    "%s is on %s, but device=%r: a DeviceArray or a shared array pins the "
+                    "task to its own device (pass device=%r, or \"any\")"
+                    % (what, dev, device, dev))
+            if pinned and pinned[0][0] != dev:
+                raise _errors.InvalidArgument(
+                    "%s is on %s, but %s is on %s: the operands and out= of one task must "
+                    "be on one device" % (what, dev, pinned[0][1], pinned[0][0]))
+            if not pinned:
+                pinned.append((dev, what))
         if out is not None:
             if isinstance(out, (np.ma.MaskedArray, np.matrix)):
                 # The daemon would write the data under a mask it leaves as it was, or
@@ -4738,6 +4882,7 @@ class Client:
                         "out=: the view starts at byte %d of its shared array, not a "
                         "multiple of its item size (%d), where the daemon cannot write a "
                         "result" % (ref[1], out.dtype.itemsize))
+                pin(ref[2], "out= (a shared array)")
                 out_shared = out
                 outputs = [{"buffer": ref[0], "offset": ref[1]}]
                 out = None
@@ -4749,6 +4894,7 @@ class Client:
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
                 out._live("out=")
+                pin(out.device, "out= (a DeviceArray)")
                 outputs = [{"buffer": out.buffer, "offset": out._offset}]
                 if target == "any":
                     target = out.device
@@ -4793,6 +4939,7 @@ class Client:
             if isinstance(x, DeviceArray):
                 if x.client is not self:
                     raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
+                pin(x.device, "input %d (a DeviceArray)" % i)
                 tensors.append(x._ref())
                 by_pos[i] = x
                 if target == "any":
@@ -4805,6 +4952,7 @@ class Client:
                 # A view that starts off its item size (s[1:5].view(np.float64) of a
                 # float32 array) cannot be referenced (protocol.md): sent as a copy.
                 if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
+                    pin(ref[2], "input %d (a shared array)" % i)
                     t["buffer"], t["offset"] = ref[0], ref[1]
                     shared_ops.append((ref[0], ref[1], a))
                     by_pos[i] = a
@@ -5126,6 +5274,7 @@ class Client:
         user._owner = weakref.ref(self)
         inner = self._start("task.run", args, None, progress, is_async, bigs)
         user._msgid = inner.msgid
+        user._via = inner
         lock = threading.Lock()
 
         def release() -> None:
@@ -5424,8 +5573,16 @@ class Client:
                **kwargs: Any) -> TaskFuture:
         """Sends ``op`` (a name of the ops above: "gemm", "fft", ...) without waiting and
         returns a Future of its result; any number may be in flight on one connection.
-        ``progress(what, fraction)`` is called for the daemon's task.progress
-        notifications (autotuning), from the thread reading the connection."""
+        Nothing here waits, for an answer or for the socket: a step that needs an
+        answer first goes to the client's worker thread, and the part of the request
+        that the socket does not take at once (a daemon that reads slowly or not at
+        all) is sent by a writer thread of its own, from a copy of the caller's
+        operands; a failure of those steps (dspk.Timeout, dspk.Closed...) ends the
+        future, never submit().  Errors of the arguments are raised here, as by the
+        op's method.  ``progress(what, fraction)`` is called for the daemon's
+        task.progress notifications (autotuning), before the future completes, on the
+        client's ``dspk-callbacks`` thread (never on the thread reading the
+        connection), as the future's done-callbacks are."""
         if op not in self._OPS:
             raise _errors.InvalidArgument("submit: unknown op %r (one of %s)"
                                           % (op, ", ".join(self._OPS)))

@@ -704,11 +704,19 @@ def test_cancel_future_of_another_connection(daemon):
     canceled c2's own request of that number (msgids count from 1 on every
     connection).  Now InvalidArgument, as for a Future that is not submit()'s."""
     import concurrent.futures
-    big = RNG.uniform(-1, 1, (600, 600))
+    data = RNG.uniform(-1, 1, (600, 600))
     with dspk.connect(daemon.socket, timeout=TIMEOUT) as c1, \
             dspk.connect(daemon.socket, timeout=TIMEOUT) as c2:
-        f1 = [c1.submit("gemm", big, big) for _ in range(3)]
-        f2 = [c2.submit("gemm", big, big) for _ in range(3)]
+        # Shared operands: small requests, each sent whole by submit() itself (a
+        # large inline one may go on with the client's writer or worker thread, its
+        # msgid 0 until then).
+        b1, b2 = c1.empty_shared(data.shape, data.dtype), c2.empty_shared(data.shape,
+                                                                           data.dtype)
+        b1[:] = data
+        b2[:] = data
+        big = data
+        f1 = [c1.submit("gemm", b1, b1) for _ in range(3)]
+        f2 = [c2.submit("gemm", b2, b2) for _ in range(3)]
         assert [f.msgid for f in f1] == [f.msgid for f in f2]  # the same numbers
         for fut in (f1[-1], concurrent.futures.Future(), None):
             with pytest.raises(dspk.InvalidArgument, match="not a future of this"):
@@ -775,6 +783,106 @@ def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
     c.close()
     with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
         assert c2.reduce(x) == x.size
+
+
+def _submit_in_thread(c, *args, **kwargs):
+    """c.submit(*args, **kwargs) on a thread of its own: (its future or exception,
+    whether it returned within 10 s).  A submit() that blocks is not waited for."""
+    import threading
+    res = []
+
+    def run():
+        try:
+            res.append(c.submit(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001
+            res.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    return (res[0] if res else None), not t.is_alive()
+
+
+@pytest.mark.parametrize("threshold", ["0", "1M"])
+def test_submit_never_waits_for_a_daemon_that_reads_no_more(fresh_daemon, monkeypatch,
+                                                            threshold):
+    """submit() of a request larger than the socket's buffer waited, on the caller's
+    thread, for the daemon to read it: for ever with timeout=None (probe 17 C3), though
+    docs/python.md says it sends without waiting for any answer.  Now it returns at
+    once, the rest of the request sent by the client's writer thread from a copy: the
+    caller may write its array at once, and the daemon, once it reads again, computes
+    on what was submitted."""
+    import signal
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", threshold)  # 1M: no idle temporary yet
+    c = dspk.connect(fresh_daemon.socket)  # timeout=None: waits for ever
+    x = np.linspace(-1, 1, 1 << 20, dtype=np.float32)  # 4 MiB: more than the socket holds
+    want = np.exp(x.astype(np.float64))
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        f, returned = _submit_in_thread(c, "map", "exp", x, device="cpu:0")
+        assert returned, "submit() blocked on a daemon that reads no more"
+        assert isinstance(f, dspk.TaskFuture), f
+        assert not f.done() and not f.sent
+        x[:] = 7.0  # the caller's array is its own again
+        g, returned = _submit_in_thread(c, "reduce", np.ones(5), device="cpu:0")
+        assert returned and isinstance(g, dspk.TaskFuture), g  # queued behind f
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    np.testing.assert_allclose(f.result(TIMEOUT), want, rtol=1e-6)
+    assert f.sent
+    assert g.result(TIMEOUT) == 5.0
+    assert g.sent and g.msgid > f.msgid  # sent by the worker, after f's request
+    assert c.ping() > 0
+    c.close()
+
+
+def test_submit_timeout_while_sending_ends_the_future(fresh_daemon, monkeypatch):
+    """With timeout=2 such a submit() raised dspk.Timeout itself after 2 s and closed
+    the connection (probe 17 C3).  Now submit() returns at once and the timeout ends
+    the future: dspk.Timeout naming the request, the connection closed (part of the
+    request went), every later call dspk.Closed."""
+    import signal
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")
+    c = dspk.connect(fresh_daemon.socket, timeout=1.0)
+    x = np.ones((1024, 1024))  # 8 MiB
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        f, returned = _submit_in_thread(c, "reduce", x)
+        assert returned and isinstance(f, dspk.TaskFuture), f
+        e = f.exception(TIMEOUT)
+        assert isinstance(e, dspk.Timeout), e
+        assert re.match(r"^ETIMEDOUT: task.run reduce \(request \d+\) to dspkd at %s: could "
+                        r"not send the request within 1s \(the daemon reads no more\); the "
+                        r"connection is closed$" % re.escape(fresh_daemon.socket), str(e)), e
+        with pytest.raises(dspk.Closed, match="cut after"):
+            c.ping()
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    c.close()
+    with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
+        assert c2.reduce(x) == x.size
+
+
+def test_close_ends_a_submit_still_being_sent(fresh_daemon, monkeypatch):
+    """close() while the writer thread waits for room for a submit()'s request
+    (timeout=None): close() returns at once and the future ends with dspk.Closed."""
+    import signal
+    import threading
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")
+    c = dspk.connect(fresh_daemon.socket)
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        f, returned = _submit_in_thread(c, "map", "exp", np.ones(1 << 20), device="cpu:0")
+        assert returned and isinstance(f, dspk.TaskFuture), f
+        closer = threading.Thread(target=c.close, daemon=True)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive(), "close() is blocked"
+        assert isinstance(f.exception(TIMEOUT), dspk.Closed)
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:
+        assert c2.reduce(np.ones(3)) == 3
 
 
 def test_a_timeout_names_the_call_and_the_socket(fresh_daemon):

@@ -591,6 +591,9 @@ def test_daemon_stopped_mid_call(fresh_daemon):
     c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
     a = f32(512, 512)
     futs = [c.submit("gemm", a, a) for _ in range(40)]
+    # submit() waits for no socket: its requests may still be with the client's
+    # writer or worker thread.  A synchronous call is sent after them all.
+    assert c.ping() > 0 and all(f.sent or f.done() for f in futs)
     futs[0].result(TIMEOUT)
     fresh_daemon.proc.send_signal(signal.SIGTERM)
     for f in futs:
@@ -866,3 +869,29 @@ def test_every_public_attribute_of_every_public_class_is_read_only(daemon):
             dspk.DTYPES["f32"] = np.dtype(np.float64)  # type: ignore[index]
         assert dspk.DTYPES["f32"] == np.float32
         assert d.numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_docstrings_name_the_threads_and_rules_python_md_names():
+    """Client.submit's docstring said progress runs "from the thread reading the
+    connection", and empty_shared's that any C-contiguous slice copies nothing, also as
+    out= (probe 17 C1, C2): neither is what the client does (docs/python.md: callbacks
+    on the dspk-callbacks thread; a view referenced only when little-endian and at a
+    multiple of its item size).  Every docstring that names the thread a callback
+    runs on names dspk-callbacks."""
+    import inspect as _inspect
+    docs = {}
+    for cls in (dspk.Client, dspk.TaskFuture, dspk.DeviceArray):
+        for name, member in vars(cls).items():
+            doc = _inspect.getdoc(getattr(cls, name))
+            if doc and not name.startswith("_"):
+                docs["%s.%s" % (cls.__name__, name)] = " ".join(doc.split())
+    for where, doc in docs.items():
+        assert "from the thread reading" not in doc, where
+        if "progress" in doc and "thread" in doc or "done-callback" in doc:
+            assert "dspk-callbacks" in doc, where
+    sub = docs["Client.submit"]
+    assert "dspk-callbacks" in sub and "never submit()" in sub
+    shared = docs["Client.empty_shared"]
+    for rule in ("C-contiguous", "little-endian", "multiple of its own item size",
+                 "big-endian", "sent as a copy", "dspk.InvalidArgument"):
+        assert rule in shared, rule

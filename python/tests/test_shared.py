@@ -885,3 +885,62 @@ def test_close_unmaps_idle_temporaries(daemon):
     finally:
         gc.enable()
     c.close()
+
+
+def test_a_pinned_operand_on_another_device_is_named(tmp_path):
+    """A cpu:0 shared array passed with device="vulkan:0" got the daemon's "the task
+    asks for vulkan:0 but its buffers are on cpu:0", naming neither the operand nor
+    device= (probe 17 C4), and DeviceArrays or shared arrays of two devices in one
+    task the daemon's "outputs[0]: buffer 9 is on vulkan:0, another operand is on
+    cpu:0".  Now dspk.InvalidArgument before anything is sent, naming the operand
+    (or out=), its device and device= (or the other operand); the connection stays
+    usable."""
+    from conftest import Daemon
+    d = Daemon(["--backends", "cpu,vulkan", "--no-cache"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            s = c.empty_shared(4, np.float32)
+            s[:] = 1
+            x = np.ones(4, np.float32)
+            dc = c.to_device(x, device="cpu:0")
+            oc = c.empty(4, np.float32, device="cpu:0")
+            for call, what in [
+                    (lambda: c.map("add", x, s, device="vulkan:0"),
+                     r"input 1 \(a shared array\) is on cpu:0, but device='vulkan:0'"),
+                    (lambda: c.map("add", s, x, device="vulkan:0"),
+                     r"input 0 \(a shared array\) is on cpu:0, but device='vulkan:0'"),
+                    (lambda: c.reduce(dc, device="vulkan:0"),
+                     r"input 0 \(a DeviceArray\) is on cpu:0, but device='vulkan:0'"),
+                    (lambda: c.map("scale", x, out=oc, device="vulkan:0"),
+                     r"out= \(a DeviceArray\) is on cpu:0, but device='vulkan:0'"),
+                    (lambda: c.map("scale", x, out=s, device="vulkan:0"),
+                     r"out= \(a shared array\) is on cpu:0, but device='vulkan:0'"),
+                    (lambda: c.submit("map", "add", dc, x, device="vulkan:0"),
+                     r"input 0 \(a DeviceArray\) is on cpu:0, but device='vulkan:0'")]:
+                with pytest.raises(dspk.InvalidArgument, match=r"^EINVAL: %s: a DeviceArray "
+                                   r"or a shared array pins the task to its own device "
+                                   r"\(pass device='cpu:0', or \"any\"\)$" % what):
+                    call()
+            assert c.map("add", x, s, device="cpu:0")[0] == 2.0  # its own device: fine
+            if "vulkan:0" in [v["id"] for v in c.devices()]:
+                sv = c.empty_shared(4, np.float32, device="vulkan:0")
+                dv = c.to_device(x, device="vulkan:0")
+                for call, what in [
+                        (lambda: c.map("add", dv, s),
+                         r"input 1 \(a shared array\) is on cpu:0, but input 0 \(a "
+                         r"DeviceArray\) is on vulkan:0"),
+                        (lambda: c.map("add", s, sv),
+                         r"input 1 \(a shared array\) is on vulkan:0, but input 0 \(a "
+                         r"shared array\) is on cpu:0"),
+                        (lambda: c.map("scale", dv, out=oc),
+                         r"input 0 \(a DeviceArray\) is on vulkan:0, but out= \(a "
+                         r"DeviceArray\) is on cpu:0")]:
+                    with pytest.raises(dspk.InvalidArgument, match=r"^EINVAL: %s: the "
+                                       r"operands and out= of one task must be on one "
+                                       r"device$" % what):
+                        call()
+                sv[:] = 2
+                np.testing.assert_array_equal(c.map("add", dv, sv), np.full(4, 3.0))
+            assert c.ping() > 0
+    finally:
+        d.stop()
