@@ -439,8 +439,16 @@ def malformed_close(env):
 @case("Malformed input: the protocol.error message says what was wrong")
 def malformed_texts(env):
     cases = [
-        (p([3, 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
-        (p(["0", 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
+        # a wrong type is named with what came, as a wrong msgid is (probe 17 A3)
+        (p([3, 1, "ping", []]),
+         ["must be 0 (request) or 2 (notification): got the integer 3"], []),
+        (p(["0", 1, "ping", []]),
+         ["must be 0 (request) or 2 (notification): got a string of 1 byte"], []),
+        (p([-1, 1, "ping", []]), ["2 (notification): got the integer -1"], []),
+        (p([0.0, 1, "ping", []]), ["2 (notification): got the float 0.0"], []),
+        (p([True, 1, "ping", []]), ["2 (notification): got true"], []),
+        (p([None, 1, "ping", []]), ["2 (notification): got nil"], []),
+        (p([0, "1", "ping", []]), ["msgid must be a uint32: got a string of 1 byte"], []),
         (p([1, 1, None, {}]), ["clients send requests, not responses"], []),
         # a notification too short: its length is what is wrong, not its type
         (p([2]), ["has 1 element,", "3 or more"], ["must be 0"]),
