@@ -3251,12 +3251,16 @@ def task_cancel(env):
     q = c.request("buffer.read", {"buffer": b, "size": 8}, msgid=600)
     r = c.call("task.cancel", {"msgid": 600})
     check(r == ("ok", {"canceled": True}), "cancel of a queued read %r" % (r,))
-    expect(c.wait(q), "ECANCELED")
+    expect(c.wait(q), "ECANCELED", "the request was canceled")
     for m in runs:
         c.request("task.cancel", {"msgid": m})
+    # a task canceled says so in one wording, queued or running (probe 17
+    # A4: a queued one said "task canceled")
     for m in runs:
         got = c.wait(m)
         check(got[0] in ("ok", "ECANCELED"), "canceled gemm %r" % (got[0],))
+        if got[0] == "ECANCELED":
+            check(got[1]["message"] == "the task was canceled", "canceled gemm %r" % (got,))
     still_open(c)
 
 
