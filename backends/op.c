@@ -96,18 +96,30 @@ static void set_out(struct dspk__op *op, int i, dspk_dtype dt, int rank,
 
 /* ---- gemm --------------------------------------------------------------- */
 
+/* An option's number v as the client sent it (sent, stored by the table:
+ * an integer exactly, a float as a float, proto/dtype.h), or v as a float
+ * when sent does not hold it (an op built without the decoder). */
+static const char *sent_str(char *buf, size_t n, double v, const struct dspk__num_sent *sent) {
+  double back = sent->kind == DSPK__NUM_UINT  ? (double)sent->v.u
+                : sent->kind == DSPK__NUM_INT ? (double)sent->v.i
+                                              : sent->v.f;
+  if (sent->kind != DSPK__NUM_NONE && (back == v || (back != back && v != v)))
+    return dspk__num_str(buf, n, sent);
+  return dspk__float_str(buf, n, v, false);
+}
+
 /* An option (alpha, beta) of an op that computes in f32: rounded to the
  * nearest f32 as the kernel argument {f32: v} is, so a finite value that
  * would become an infinity is ERANGE in the same words, naming the value as
  * given. */
-static int check_f32_scalar(const char *opname, const char *name, double v, char *msg,
-                            size_t len) {
+static int check_f32_scalar(const char *opname, const char *name, double v,
+                            const struct dspk__num_sent *sent, char *msg, size_t len) {
   if (dspk__f64_fits_f32(v))
     return 0;
-  char text[32];
+  char text[40];
   return dspk__fail(msg, len, DSPK_ERANGE, "%s: options.%s: %s is out of f32 range (it "
                     "would round to an infinity; the op computes in f32)", opname, name,
-                    dspk__f64_text(v, text, sizeof text));
+                    sent_str(text, sizeof text, v, sent));
 }
 
 /* v as an f32 holds it (dspk__f64_fits_f32(v): no overflow). */
@@ -170,14 +182,16 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
   double beta = op->u.gemm.beta;
   if (op->nin < 3 && !(beta == 0) &&
       !(odt == DSPK_F32 && dspk__f64_fits_f32(beta) && round_f32(beta) == 0)) {
-    char text[32];
+    char text[40];
     return dspk__fail(msg, len, DSPK_EINVAL, "gemm: options.beta is %s without C (beta "
                       "scales C, the third input: send C, or leave beta out)",
-                      dspk__f64_text(beta, text, sizeof text));
+                      sent_str(text, sizeof text, beta, &op->u.gemm.beta_sent));
   }
-  if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "alpha", op->u.gemm.alpha, msg, len)))
+  if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "alpha", op->u.gemm.alpha,
+                                                     &op->u.gemm.alpha_sent, msg, len)))
     return r;
-  if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "beta", op->u.gemm.beta, msg, len)))
+  if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "beta", op->u.gemm.beta,
+                                                     &op->u.gemm.beta_sent, msg, len)))
     return r;
   int ro = ra > rb ? ra : rb;
   int64_t shape[DSPK_MAX_RANK];
@@ -500,7 +514,8 @@ static int infer_map(struct dspk__op *op, char *msg, size_t len) {
   }
   if ((fn == DSPK_MAP_SCALE || fn == DSPK_MAP_AXPY) &&
       (A->dtype == DSPK_F32 || A->dtype == DSPK_C64) &&
-      (r = check_f32_scalar("map", "alpha", op->u.map.alpha, msg, len)))
+      (r = check_f32_scalar("map", "alpha", op->u.map.alpha, &op->u.map.alpha_sent,
+                            msg, len)))
     return r;
   dspk_dtype odt = fn == DSPK_MAP_ABS ? real_of(A->dtype) : A->dtype;
   op->nout = 1;

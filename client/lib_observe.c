@@ -314,16 +314,12 @@ DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out) {
   if (!c || !json_out)
     return dspk__argerr(c, "dspk_trace: json_out is NULL");
   /* Both ends refused here, in one wording (above 600 was the daemon's
-   * "seconds: expected a number in (0, 600]"), the value in the fewest
-   * digits that read back as it: 600.0001 is not "600". */
+   * "seconds: expected a number in (0, 600]"), the value as every message
+   * names a float (proto/dtype.h): 600.0001 is not "600", 0 is "0.0". */
   if (!(seconds > 0 && seconds <= 600)) {
-    char num[32];
-    for (int prec = 6; prec <= 17; prec++) {
-      snprintf(num, sizeof num, "%.*g", prec, seconds);
-      if (strtod(num, NULL) == seconds || seconds != seconds)
-        break;
-    }
-    return dspk__argerr(c, "dspk_trace: seconds %s is not in (0, 600]", num);
+    char num[40];
+    return dspk__argerr(c, "dspk_trace: seconds %s is not in (0, 600]",
+                        dspk__float_str(num, sizeof num, seconds, false));
   }
   rc = dspk__call(c, "trace", pack_seconds, &seconds, &r);
   if (rc != 0)

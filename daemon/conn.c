@@ -816,9 +816,13 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
       snprintf(msg, sizeof msg, "message array has %u %s, expected 3 or more for a notification",
                (unsigned)root.via.array.size, root.via.array.size == 1 ? "element" : "elements");
       conn_protocol_error(c, DSPK_EPROTO, msg);
-    } else
-      conn_protocol_error(c, DSPK_EPROTO, "message type (element 0) must be 0 "
-                          "(request) or 2 (notification)");
+    } else {
+      /* What came, as every wrong kind is named (probe 17 A3). */
+      char w[64];
+      snprintf(msg, sizeof msg, "message type (element 0) must be 0 (request) or 2 "
+               "(notification): got %s", dspk__obj_what(t, w, sizeof w));
+      conn_protocol_error(c, DSPK_EPROTO, msg);
+    }
     goto out;
   }
   err = dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg);

@@ -38,6 +38,10 @@
 #endif
 
 #define DSPKD_MAX_DEVICES 64
+/* The one message of a task canceled (task.cancel, its connection closed):
+ * queued or running, its answer and its log line say it in these words
+ * (probe 17 A4: a queued one said "task canceled"). */
+#define DSPKD_MSG_CANCELED "the task was canceled"
 #define DSPKD_MAX_UNAVAILABLE 16
 /* Upper bound of the configuration's device_inflight. */
 #define DSPKD_MAX_DEVICE_INFLIGHT 64

@@ -830,9 +830,8 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
        * integer outside its type's (one that rounds to FLT_MAX is in range;
        * infinities and NaN are f32 values), naming the value as given. */
       if (k->kind == DSPK__KARG_F32 && !dspk__f64_fits_f32(fv)) {
-        char text[32];
         return fail(r, DSPK_ERANGE, "options.args[%u]: %s is out of f32 range (it "
-                    "would round to an infinity)", i, dspk__f64_text(fv, text, sizeof text));
+                    "would round to an infinity)", i, dspk__obj_num_str(v, w, sizeof w));
       }
       if (k->kind == DSPK__KARG_F32)
         (void)dspk__obj_f32(v, &k->v.f32); /* from the exact value (fv: an int rounded) */
@@ -842,7 +841,7 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     }
     if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 > INT64_MAX)
       return fail(r, k->kind == DSPK__KARG_TENSOR ? DSPK_EINVAL : DSPK_ERANGE,
-                  "options.args[%u]: %" PRIu64 " is out of %s range", i, v->via.u64,
+                  "options.args[%u]: %s is out of %s range", i, dspk__obj_num_str(v, w, sizeof w),
                   k->kind == DSPK__KARG_TENSOR ? "tensor index" : kinds[t].key);
     if (dspk__obj_i64(v, &iv) != 0)
       return fail(r, DSPK_EINVAL, "options.args[%u]: expected an integer, got %s", i,
@@ -856,12 +855,14 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
       break;
     case DSPK__KARG_I32:
       if (iv < INT32_MIN || iv > INT32_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: %" PRId64 " is out of i32 range", i, iv);
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %s is out of i32 range", i,
+                    dspk__obj_num_str(v, w, sizeof w));
       k->v.i32 = (int32_t)iv;
       break;
     case DSPK__KARG_U32:
       if (iv < 0 || iv > UINT32_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: %" PRId64 " is out of u32 range", i, iv);
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %s is out of u32 range", i,
+                    dspk__obj_num_str(v, w, sizeof w));
       k->v.u32 = (uint32_t)iv;
       break;
     default:
@@ -883,17 +884,16 @@ static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk
   for (uint32_t i = 0; axes->set && i < axes->v.o->via.array.size; i++) {
     const msgpack_object *o = &axes->v.o->via.array.ptr[i];
     int64_t ax;
-    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 > INT64_MAX)
-      return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRIu64
-                  " is out of range for input 0 of rank %d", i, o->via.u64, rank);
-    if (dspk__obj_i64(o, &ax) != 0) {
-      char w[64];
+    char w[64];
+    if (dspk__obj_i64(o, &ax) != 0 && !(o->type == MSGPACK_OBJECT_POSITIVE_INTEGER))
       return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer, got %s", i,
                   dspk__obj_what(o, w, sizeof w));
-    }
+    /* An integer beyond int64 (2^63 and up) is out of range as any other. */
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 > INT64_MAX)
+      ax = INT64_MAX;
     if (ax < -rank || ax >= rank)
-      return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
-                  " is out of range for input 0 of rank %d", i, ax, rank);
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %s is out of range for input 0 "
+                  "of rank %d", i, dspk__obj_num_str(o, w, sizeof w), rank);
     int64_t as_sent = ax;
     if (ax < 0)
       ax += rank;

@@ -304,7 +304,12 @@ static void finish_dropped(struct dspkd *d, struct job *list, int code) {
     struct job *j = list, *next = j->next;
     struct conn *c = j->conn;
     conn_unlink_job(j);
-    const char *why = code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL;
+    /* In the words of the same event elsewhere: a running task canceled
+     * says DSPKD_MSG_CANCELED too. */
+    const char *why = code == DSPK_ESHUTDOWN ? "the daemon is stopping"
+                      : code != DSPK_ECANCELED ? NULL
+                      : j->kind == JOB_TASK    ? DSPKD_MSG_CANCELED
+                                               : "the request was canceled";
     if (code && j->kind == JOB_TASK)
       log_task_failed(j, code, why);
     if (code && c && !c->closing)

@@ -533,7 +533,7 @@ static void exec_task(struct device *dev, struct job *j) {
   struct wreq *wr;
 
   if (atomic_load(&j->cancel)) {
-    snprintf(msg, sizeof msg, "the task was canceled");
+    snprintf(msg, sizeof msg, "%s", DSPKD_MSG_CANCELED);
     err = DSPK_ECANCELED;
     goto out;
   }
@@ -627,7 +627,7 @@ static void exec_task(struct device *dev, struct job *j) {
   if (err == DSPK_ECANCELED) {
     /* Not a backend's message from before (an autotune candidate's failure
      * may have left one): the task was canceled. */
-    snprintf(msg, sizeof msg, "the task was canceled");
+    snprintf(msg, sizeof msg, "%s", DSPKD_MSG_CANCELED);
     err = DSPK_ECANCELED;
     goto out;
   }

@@ -259,14 +259,11 @@ int dspkd_m_trace(struct req *r) {
   int nadmin = 0, nother = 0, nuid = 0;
 
   if (!(seconds > 0 && seconds <= TRACE_MAX_S)) {
-    /* What came, as the type errors say it: the shortest form that reads
-     * back as the same double ("601", "-0", "nan", "600.0000000000001"). */
+    /* What came, as every message names a client's number: an integer
+     * exactly, a float as a float ("18446744073709551615", "0", "0.0",
+     * "-0.0", "700.0", "600.0000000000001", "nan"). */
     char got[40];
-    for (int prec = 15; prec <= 17; prec++) {
-      snprintf(got, sizeof got, "%.*g", prec, seconds);
-      if (isnan(seconds) || strtod(got, NULL) == seconds)
-        break;
-    }
+    dspk__obj_num_str(r->v[DSPK__TRACE_SECONDS].src, got, sizeof got);
     snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g], got %s",
              TRACE_MAX_S, got);
     return DSPK_EINVAL;

@@ -34,25 +34,30 @@ static void counted(char *buf, size_t n, const char *what, uint32_t k, const cha
   snprintf(buf, n, "%s %" PRIu32 " %s", what, k, k == 1 ? one : many);
 }
 
-const char *dspk__float_str(char *buf, size_t n, double v, bool f32) {
-  char t[40];
-  if (v != v) {
-    snprintf(buf, n, "nan");
-    return buf;
+int dspk__obj_num(const msgpack_object *o, struct dspk__num_sent *out) {
+  struct dspk__num_sent s = {0};
+  if (!o)
+    return DSPK_EINVAL;
+  switch (o->type) {
+  case MSGPACK_OBJECT_POSITIVE_INTEGER: s.kind = DSPK__NUM_UINT; s.v.u = o->via.u64; break;
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER: s.kind = DSPK__NUM_INT; s.v.i = o->via.i64; break;
+  case MSGPACK_OBJECT_FLOAT32:
+  case MSGPACK_OBJECT_FLOAT64:
+    s.kind = DSPK__NUM_FLOAT;
+    s.f32 = o->type == MSGPACK_OBJECT_FLOAT32;
+    s.v.f = o->via.f64;
+    break;
+  default: return DSPK_EINVAL;
   }
-  if (v == HUGE_VAL || v == -HUGE_VAL) {
-    snprintf(buf, n, "%sinf", v < 0 ? "-" : "");
-    return buf;
-  }
-  /* C has no shortest round-trip format: the first precision that reads
-   * back as v (as a float when f32) is it. */
-  for (int p = 1, last = f32 ? 9 : 17; p <= last; p++) {
-    snprintf(t, sizeof t, "%.*g", p, v);
-    if (f32 ? strtof(t, NULL) == (float)v : strtod(t, NULL) == v)
-      break;
-  }
-  snprintf(buf, n, "%s%s", t, strpbrk(t, ".e") ? "" : ".0");
-  return buf;
+  *out = s;
+  return 0;
+}
+
+const char *dspk__obj_num_str(const msgpack_object *o, char *buf, size_t n) {
+  struct dspk__num_sent s;
+  if (dspk__obj_num(o, &s) != 0)
+    return dspk__obj_what(o, buf, n);
+  return dspk__num_str(buf, n, &s);
 }
 
 const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n) {

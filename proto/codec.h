@@ -61,12 +61,14 @@ int dspk__obj_bin(const msgpack_object *o, const void **p, size_t *len); /* bin 
  * integer -1", "a string of 4 bytes", "nil"), written into buf (at most
  * n bytes); returns buf.  Never echoes a string's bytes. */
 const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n);
-/* A float as a message writes it (docs/protocol.md "Errors"): the fewest
- * significant digits (at most 17; 9 when f32, a msgpack float32) that read
- * back as the same value (as a float when f32), with ".0" after an integral value so
- * that it reads as a float ("1.0", "0.1", "1e+300", "-0.0", "inf", "nan"),
- * into buf (at most n bytes); returns buf. */
-const char *dspk__float_str(char *buf, size_t n, double v, bool f32);
+/* The number o as the client sent it (proto/dtype.h): 0, or DSPK_EINVAL
+ * when o is not a number. */
+int dspk__obj_num(const msgpack_object *o, struct dspk__num_sent *out);
+/* The number o as every message that echoes a client's number writes it
+ * (dspk__num_str: an integer exactly, a float as Python's repr), into buf
+ * (at most n bytes); what o is (dspk__obj_what) when not a number.
+ * Returns buf. */
+const char *dspk__obj_num_str(const msgpack_object *o, char *buf, size_t n);
 /* Copies a str into buf (NUL-terminated); DSPK_ELIMIT when it does not fit. */
 int dspk__obj_strcpy(const msgpack_object *o, char *buf, size_t buflen);
 /* Key lookups with a default: absent key leaves *out as it is and returns 0;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "dspk/types.h"
+#include "proto/dtype.h"
 
 #define DSPK__SUBSCRIPTS_MAX 64 /* bytes with the NUL */
 #define DSPK__ENTRY_MAX 64
@@ -36,7 +37,11 @@ union dspk__op_options {
    * output.  out = alpha*op(A)@op(B) + beta*C (numpy.matmul batch rules;
    * trans_x transposes the last two axes of X).  f32, f64; f16/bf16 inputs
    * give an f32 output where a backend offers them. */
-  struct { int trans_a, trans_b; double alpha, beta; } gemm;
+  struct {
+    int trans_a, trans_b;
+    double alpha, beta;
+    struct dspk__num_sent alpha_sent, beta_sent; /* as sent, for messages */
+  } gemm;
   /* in: X (..., N).  Complex X: numpy.fft.fft, or numpy.fft.ifft when
    * inverse.  Real X: numpy.fft.rfft, out (..., N/2+1) complex. */
   struct { int inverse; } fft;
@@ -47,7 +52,7 @@ union dspk__op_options {
   /* in: X.  Reduce over the axes whose bits are set (all when 0). */
   struct { dspk_reduce fn; uint32_t axes; } reduce;
   /* in: A [, B].  Elementwise; binary functions need equal shapes. */
-  struct { dspk_mapfn fn; double alpha; } map;
+  struct { dspk_mapfn fn; double alpha; struct dspk__num_sent alpha_sent; } map;
   /* Raw kernel in a backend's source language.  Tensor args refer to
    * op.in[]; kernels write their results into those tensors in place. */
   struct {
@@ -79,13 +84,16 @@ enum {
 
 /* Where a row's value goes in union dspk__op_options. */
 #define AT(field) .at = offsetof(union dspk__op_options, field) + 1
+/* And where a NUM row's number as sent goes (dspk__num_sent). */
+#define SENT(field) .at_sent = offsetof(union dspk__op_options, field) + 1
 
 static const struct dspk__param gemm_o[] = {
     [DSPK__GEMM_TRANS_A] = {"trans_a", DSPK__T_BOOL, .def_doc = "false", AT(gemm.trans_a)},
     [DSPK__GEMM_TRANS_B] = {"trans_b", DSPK__T_BOOL, .def_doc = "false", AT(gemm.trans_b)},
     [DSPK__GEMM_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1",
-                          AT(gemm.alpha)},
-    [DSPK__GEMM_BETA] = {"beta", DSPK__T_NUM, .def_doc = "0", AT(gemm.beta)},
+                          AT(gemm.alpha), SENT(gemm.alpha_sent)},
+    [DSPK__GEMM_BETA] = {"beta", DSPK__T_NUM, .def_doc = "0", AT(gemm.beta),
+                         SENT(gemm.beta_sent)},
 };
 static const struct dspk__param fft_o[] = {
     [DSPK__FFT_INVERSE] = {"inverse", DSPK__T_BOOL, .def_doc = "false", AT(fft.inverse)},
@@ -108,7 +116,7 @@ static const struct dspk__param map_o[] = {
     [DSPK__MAP_FN] = {"fn", DSPK__T_ENUM, REQ, .choices = dspk__mapfn_names,
                       .noun = "function", AT(map.fn)},
     [DSPK__MAP_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1",
-                         AT(map.alpha)},
+                         AT(map.alpha), SENT(map.alpha_sent)},
 };
 static const struct dspk__param kernel_o[] = {
     [DSPK__KERNEL_LANG] = {"lang", DSPK__T_ENUM, REQ, .choices = dspk__kernel_langs,

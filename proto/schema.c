@@ -627,6 +627,7 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
   case DSPK__T_NUM:
     if (dspk__obj_f64(o, &v->v.f) != 0)
       goto expected;
+    v->src = o;
     return 0;
   case DSPK__T_STR:
     if (dspk__obj_str(o, &v->v.s.p, &v->v.s.n) != 0)
@@ -744,6 +745,12 @@ void dspk__params_store(const struct dspk__param *params, int n,
       break;
     case DSPK__T_NUM:
       memcpy(at, &vals[i].v.f, sizeof vals[i].v.f);
+      if (p->at_sent) {
+        struct dspk__num_sent sent = {.kind = DSPK__NUM_NONE, .v.f = vals[i].v.f};
+        if (vals[i].src)
+          (void)dspk__obj_num(vals[i].src, &sent);
+        memcpy((char *)target + p->at_sent - 1, &sent, sizeof sent);
+      }
       break;
     case DSPK__T_UINT:
       if (p->max <= UINT32_MAX) {

@@ -75,6 +75,10 @@ struct dspk__pval {
    * (dspk__wbuf_bin_ref); NULL: the bytes outlive the frame. */
   void (*release)(void *ud);
   void *release_ud;
+  /* decoder only (NUM): the object the value came from, so that a message
+   * can name it as sent (an integer exactly: dspk__obj_num_str); NULL for
+   * a default. */
+  const msgpack_object *src;
 };
 
 /* A set value of each type, for the encoders. */
@@ -159,6 +163,10 @@ struct dspk__param {
                                     union dspk__op_options where
                                     dspk__params_store puts the value; 0:
                                     not stored */
+  size_t at_sent;                /* op options, NUM: 1 + the offset of a
+                                    struct dspk__num_sent where
+                                    dspk__params_store puts the number as
+                                    sent, for messages that name it; 0: none */
   /* Results: what a MAP or ARRAY holds (NULL: not described, the handler's
    * own).  A MAP of fields[0..nfields) (name, type, DSPK__P_REQUIRED:
    * always there), packed by dspk__map_encode in that order; a MAP whose

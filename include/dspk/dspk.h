@@ -356,7 +356,8 @@ DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
 /* The `trace` method: records the jobs of the devices `status` shows the
  * caller for `seconds` (0 < seconds <= 600; the call blocks that long;
  * another, NaN too, is DSPK_EINVAL before anything is sent: "dspk_trace:
- * seconds 600.5 is not in (0, 600]");
+ * seconds 600.5 is not in (0, 600]", the value written as every message
+ * writes a float, docs/protocol.md "Malformed input": 0 as 0.0);
  * another user's jobs, unless the caller is an admin, only as anonymous
  * slices named "other" (docs/protocol.md, trace).  Returns it as Chrome
  * trace-event JSON in *json_out (free with dspk_free()), which Perfetto and

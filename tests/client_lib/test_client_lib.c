@@ -1919,7 +1919,9 @@ static void test_bad_arguments(void **state) {
   expect_einval(dspk_trace(C, 600.0001, &json),
                 "dspk_trace: seconds 600.0001 is not in (0, 600]");
   expect_einval(dspk_trace(C, INFINITY, &json), "dspk_trace: seconds inf is not in (0, 600]");
-  expect_einval(dspk_trace(C, 0, &json), "dspk_trace: seconds 0 is not in (0, 600]");
+  expect_einval(dspk_trace(C, 0, &json), "dspk_trace: seconds 0.0 is not in (0, 600]");
+  expect_einval(dspk_trace(C, 700, &json), "dspk_trace: seconds 700.0 is not in (0, 600]");
+  expect_einval(dspk_trace(C, -1e20, &json), "dspk_trace: seconds -1e+20 is not in (0, 600]");
   expect_einval(dspk_trace(C, 1, NULL), "dspk_trace: json_out is NULL");
   expect_einval(dspk_buffer_create(C, NULL, 8, NULL), "id_out is NULL");
   expect_einval(dspk_buffer_write(C, 1, 0, NULL, 4), "data is NULL");

@@ -688,6 +688,42 @@ def t_garbage(exe, tmp):
             c.pump()
         got = c.responses.pop(20)[2]["message"]
         check(got.endswith("got the float " + want), "float32 %r: %r" % (v, got))
+    # One layout for every float named (probe 17 A1: 1000.0 was "1e+03",
+    # 120.0 "1.2e+02"): Python's repr, the reference here, positional with
+    # ".0" below 1e16 and exponent form from there and below 1e-4.
+    rnd = random.Random(17)
+    vals = [10.0, 20.0, 100.0, 120.0, 700.0, 1000.0, 1500.0, 4100.0, 65536.0, 1e6, 1e15,
+            9999999999999998.0, 1e16, 1e17, 1e-4, 1.5e-4, 1e-5, 0.0, -600.0, 2.0 ** 53,
+            123456789012345.6, 5e-324, 1.7976931348623157e308]
+    vals += [float(rnd.randrange(1, 10 ** rnd.randrange(1, 17))) for _ in range(40)]
+    vals += [rnd.uniform(-1, 1) * 10.0 ** rnd.randrange(-8, 20) for _ in range(60)]
+    for i, v in enumerate(vals):
+        c.sock.sendall(msgpack.packb([0, 30 + i, "buffer.create", [{"size": v}]]))
+    for i, v in enumerate(vals):
+        while 30 + i not in c.responses:
+            c.pump()
+        got = c.responses.pop(30 + i)[2]["message"]
+        check(got == "size: expected a byte count, got the float " + repr(v),
+              "float %r: %r" % (v, got))
+    # A float32 in the same layout, its digits the fewest that read back as
+    # the float32 (reference: those digits found by struct, laid out by repr,
+    # which writes a decimal of at most 9 digits as its own digits).
+    def f32_text(v):
+        x = struct.unpack(">f", struct.pack(">f", v))[0]
+        for p in range(1, 10):
+            t = "%.*e" % (p - 1, x)
+            if struct.unpack(">f", struct.pack(">f", float(t)))[0] == x:
+                return repr(float(t))
+    f32s = [1000.0, 120.0, 16777216.0, 1e10, 1e15, 1e16, 3.4e38, 1e-5, 123.456, 0.0]
+    f32s += [rnd.uniform(-1, 1) * 10.0 ** rnd.randrange(-8, 20) for _ in range(40)]
+    for v in f32s:
+        c.sock.sendall(msgpack.packb([0, 21, "buffer.create", [{"size": v}]],
+                                     use_single_float=True))
+        while 21 not in c.responses:
+            c.pump()
+        got = c.responses.pop(21)[2]["message"]
+        check(got == "size: expected a byte count, got the float " + f32_text(v),
+              "float32 %r: %r, want %r" % (v, got, f32_text(v)))
     # An empty string is a value, not a missing one.
     c.call("hello", {"client": "named"})
     c.call("hello", {"client": ""})
@@ -3335,15 +3371,29 @@ def t_cancelresume(exe, tmp):
         frames += msgpack.packb([0, c.msgid, method, [args]], use_bin_type=True)
     c.sock.sendall(frames)  # one write: nothing else will come from this client
     check(c.wait(mids[0]) == {"canceled": True}, "the queued task is canceled")
-    check(c.outcome(a_mid) == "ECANCELED", "its answer")
-    check(c.outcome(b_mid) == "ECANCELED", "the held task, canceled in its turn")
+
+    def canceled_text(cl, mid):
+        try:
+            cl.wait(mid)
+        except RpcError as e:
+            check(e.name == "ECANCELED", "ECANCELED, got %s" % e.name)
+            return e.err["message"]
+        raise AssertionError("answered ok, not ECANCELED")
+    # One wording for a task canceled, queued or running, in its answer and
+    # in the log (probe 17 A4: a queued one's was "task canceled").
+    check(canceled_text(c, a_mid) == "the task was canceled", "its answer")
+    check(canceled_text(c, b_mid) == "the task was canceled",
+          "the held task, canceled in its turn")
     check(c.wait(mids[1]) == {"canceled": True}, "its cancel's answer")
     check(c.wait(mids[2])["data"] == b"after", "the ping held behind the cancels is answered")
     holder.call("task.cancel", {"msgid": hmid})
-    check(holder.outcome(hmid) == "ECANCELED", "the holder's task")
+    check(canceled_text(holder, hmid) == "the task was canceled", "the holder's task, running")
     for x in (holder, c, watcher):
         x.close()
     d.stop()
+    lines = [ln for ln in d.logtext().splitlines() if "task failed:" in ln and "ECANCELED" in ln]
+    check(len(lines) == 3 and all(ln.endswith("ECANCELED: the task was canceled") for ln in lines),
+          "the log's canceled tasks in one wording: %r" % lines)
 
 
 def t_pauseimport(exe, tmp):

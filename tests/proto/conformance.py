@@ -439,8 +439,16 @@ def malformed_close(env):
 @case("Malformed input: the protocol.error message says what was wrong")
 def malformed_texts(env):
     cases = [
-        (p([3, 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
-        (p(["0", 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
+        # a wrong type is named with what came, as a wrong msgid is (probe 17 A3)
+        (p([3, 1, "ping", []]),
+         ["must be 0 (request) or 2 (notification): got the integer 3"], []),
+        (p(["0", 1, "ping", []]),
+         ["must be 0 (request) or 2 (notification): got a string of 1 byte"], []),
+        (p([-1, 1, "ping", []]), ["2 (notification): got the integer -1"], []),
+        (p([0.0, 1, "ping", []]), ["2 (notification): got the float 0.0"], []),
+        (p([True, 1, "ping", []]), ["2 (notification): got true"], []),
+        (p([None, 1, "ping", []]), ["2 (notification): got nil"], []),
+        (p([0, "1", "ping", []]), ["msgid must be a uint32: got a string of 1 byte"], []),
         (p([1, 1, None, {}]), ["clients send requests, not responses"], []),
         # a notification too short: its length is what is wrong, not its type
         (p([2]), ["has 1 element,", "3 or more"], ["must be 0"]),
@@ -1401,8 +1409,11 @@ def task_ops(env):
     expect(run("reduce", [a23], fn="prod"), "EINVAL", "options.fn")
     expect(run("reduce", [a23], axes=[2]), "EINVAL", "options.axes[0]", "out of range")
     expect(run("reduce", [a23], axes=[-3]), "EINVAL", "options.axes[0]", "out of range")
-    expect(run("reduce", [a23], axes=[-(1 << 63)]), "EINVAL", "options.axes[0]", "out of range")
-    expect(run("reduce", [a23], axes=[(1 << 64) - 1]), "EINVAL", "options.axes[0]", "out of range")
+    # the value as sent, exactly, through one helper (probe 17 A2)
+    expect(run("reduce", [a23], axes=[-(1 << 63)]), "EINVAL",
+           "options.axes[0]: axis -9223372036854775808 is out of range for input 0 of rank 2")
+    expect(run("reduce", [a23], axes=[(1 << 64) - 1]), "EINVAL",
+           "options.axes[0]: axis 18446744073709551615 is out of range for input 0 of rank 2")
     # A repeated axis is named by the values as sent, not the normalised one.
     expect(run("reduce", [a23], axes=[0, -2]), "EINVAL",
            "options.axes[1]: -2 names the same axis as options.axes[0] (0) of input 0 (rank 2)")
@@ -1760,10 +1771,13 @@ def gemm_blas(env):
         # beta scales C: a nonzero one without C is EINVAL, as the clients
         # have it (it was dropped silently); a zero, or an f32 product's beta
         # that rounds to 0, reads nothing and is taken
-        for v in (2.0, nan, -inf, -1e39, 1):
+        # named as sent: an integer exactly, a float as a float (probe 17 A2)
+        for v, text in ((2.0, "2.0"), (nan, "nan"), (-inf, "-inf"), (-1e39, "-1e+39"),
+                        (1, "1"), ((1 << 64) - 1, "18446744073709551615"), (-7, "-7"),
+                        (1000.0, "1000.0")):
             expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [one, one],
                                        "options": {"beta": v}}),
-                   "EINVAL", "options.beta is", "without C")
+                   "EINVAL", "options.beta is %s without C" % text)
         expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
                                    "options": {"beta": 1e-50}}), "EINVAL", "options.beta")
         for v in (0, -0.0, 1e-50):
@@ -3243,12 +3257,16 @@ def task_cancel(env):
     q = c.request("buffer.read", {"buffer": b, "size": 8}, msgid=600)
     r = c.call("task.cancel", {"msgid": 600})
     check(r == ("ok", {"canceled": True}), "cancel of a queued read %r" % (r,))
-    expect(c.wait(q), "ECANCELED")
+    expect(c.wait(q), "ECANCELED", "the request was canceled")
     for m in runs:
         c.request("task.cancel", {"msgid": m})
+    # a task canceled says so in one wording, queued or running (probe 17
+    # A4: a queued one said "task canceled")
     for m in runs:
         got = c.wait(m)
         check(got[0] in ("ok", "ECANCELED"), "canceled gemm %r" % (got[0],))
+        if got[0] == "ECANCELED":
+            check(got[1]["message"] == "the task was canceled", "canceled gemm %r" % (got,))
     still_open(c)
 
 
@@ -3401,8 +3419,13 @@ def trace(env):
     for bad in (0, -1, 601, 600.5, "1", None, float("nan"), float("inf"), True):
         expect(c.call("trace", {"seconds": bad}), "EINVAL", "seconds")
     # a number out of range says what came, as a type error does (probe 14 A nit)
-    for bad, got in ((601, "601"), (float("nan"), "nan"), (-0.0, "-0"),
-                     (600.0000000000001, "600.0000000000001"), (-1, "-1")):
+    # an integer exactly, a float as a float (probe 17 A2: 2^64 - 1 was
+    # "1.8446744073709552e+19", 0 and 0.0 both "0", 700.0 "700")
+    for bad, got in ((601, "601"), (float("nan"), "nan"), (-0.0, "-0.0"),
+                     (600.0000000000001, "600.0000000000001"), (-1, "-1"),
+                     ((1 << 64) - 1, "18446744073709551615"), (-(1 << 63), "-9223372036854775808"),
+                     (0, "0"), (0.0, "0.0"), (700.0, "700.0"), (1e20, "1e+20"),
+                     (float("-inf"), "-inf")):
         expect(c.call("trace", {"seconds": bad}), "EINVAL",
                "seconds: expected a number in (0, 600], got %s" % got)
     expect(c.call("trace", {}), "EINVAL", "seconds")

@@ -383,13 +383,30 @@ static int decode_tensor(const char *dtype, unsigned rank, const uint64_t *shape
 }
 
 /* A float named as a float in its shortest round-trip form (probe 16
- * A#2: "got the number 1" for 1.0, "0.10000000000000001" for 0.1). */
+ * A#2: "got the number 1" for 1.0, "0.10000000000000001" for 0.1), laid
+ * out as Python's repr lays it out: positional with ".0" below 1e16 (probe
+ * 17 A1: 1000.0 was "1e+03", 120.0 "1.2e+02").  The f64 strings are
+ * Python's repr() of each value; the f32 ones numpy's shortest f32 digits
+ * (np.format_float_scientific(np.float32(v), unique=True)) laid out so. */
 static void test_float_what(void **state) {
   static const struct { double v; bool f32; const char *want; } cases[] = {
       {1.0, false, "1.0"},     {0.1, false, "0.1"},         {1e300, false, "1e+300"},
       {-0.0, false, "-0.0"},   {4096.0, true, "4096.0"},    {0.1, true, "0.1"},
       {1.5, false, "1.5"},     {1e16, false, "1e+16"},      {-2.5e-7, false, "-2.5e-07"},
       {0x1p70, false, "1.1805916207174113e+21"},            {1.0 / 3, true, "0.33333334"},
+      {10.0, false, "10.0"},   {100.0, false, "100.0"},     {120.0, false, "120.0"},
+      {700.0, false, "700.0"}, {1000.0, false, "1000.0"},   {1e6, false, "1000000.0"},
+      {0.0, false, "0.0"},     {-600.0, false, "-600.0"},   {1e15, false, "1000000000000000.0"},
+      {123456789012345.6, false, "123456789012345.6"},
+      {9999999999999998.0, false, "9999999999999998.0"},
+      {9007199254740992.0, false, "9007199254740992.0"},
+      {1e-4, false, "0.0001"}, {1.5e-4, false, "0.00015"},  {1e-5, false, "1e-05"},
+      {5e-324, false, "5e-324"}, {1.7976931348623157e308, false, "1.7976931348623157e+308"},
+      {0.30000000000000004, false, "0.30000000000000004"},
+      {1000.0, true, "1000.0"}, {16777216.0, true, "16777216.0"}, {1e10, true, "10000000000.0"},
+      {1e15, true, "1000000000000000.0"},                   {1e16, true, "1e+16"},
+      {3.4028235e38, true, "3.4028235e+38"},                {1e-5, true, "1e-05"},
+      {123.456, true, "123.456"},
   };
   char buf[64], f[40];
   (void)state;
@@ -401,6 +418,35 @@ static void test_float_what(void **state) {
   }
   assert_string_equal(dspk__float_str(buf, sizeof buf, __builtin_nan(""), false), "nan");
   assert_string_equal(dspk__float_str(buf, sizeof buf, -__builtin_inf(), false), "-inf");
+}
+
+/* A client's number as every message names it (probe 17 A2): an integer
+ * exactly (a double would make 2^64 - 1 "1.8446744073709552e+19"), a float
+ * as a float, so that 0 and 0.0 differ. */
+static void test_num_str(void **state) {
+  char buf[64];
+  msgpack_object o = {.type = MSGPACK_OBJECT_POSITIVE_INTEGER};
+  (void)state;
+  o.via.u64 = UINT64_MAX;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "18446744073709551615");
+  o.via.u64 = 0;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "0");
+  o.type = MSGPACK_OBJECT_NEGATIVE_INTEGER;
+  o.via.i64 = INT64_MIN;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "-9223372036854775808");
+  o.type = MSGPACK_OBJECT_FLOAT64;
+  o.via.f64 = 0.0;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "0.0");
+  o.via.f64 = -0.0;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "-0.0");
+  o.via.f64 = 700.0;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "700.0");
+  o.type = MSGPACK_OBJECT_FLOAT32;
+  o.via.f64 = (double)0.1f;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "0.1");
+  /* Not a number: what it is. */
+  o.type = MSGPACK_OBJECT_NIL;
+  assert_string_equal(dspk__obj_num_str(&o, buf, sizeof buf), "nil");
 }
 
 static void test_tensor_decode(void **state) {
@@ -738,6 +784,7 @@ int main(void) {
       cmocka_unit_test(test_parse_bad),
       cmocka_unit_test(test_getters),
       cmocka_unit_test(test_float_what),
+      cmocka_unit_test(test_num_str),
       cmocka_unit_test(test_tensor_decode),
       cmocka_unit_test(test_tensor_decode_bad_shapes),
       cmocka_unit_test(test_wbuf_zero_copy),
