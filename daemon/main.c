@@ -37,6 +37,7 @@
 
 #include "backends/backend.h"
 #include "cache/cache.h"
+#include "proto/sockpath.h"
 
 /* Fills cfg->socket_path, unless the option or the file set it, from
  * $DSPK_SOCKET or the default, and creates the default's directory when
@@ -542,7 +543,7 @@ int main(int argc, char **argv) {
      * the daemon's start directory's, unknown here (the epilog runs in
      * slurmd's): refused, as a relative job_state in the file is. */
     if (!cfg->job_state && cfg->socket_path[0] && cfg->socket_path[0] != '/' &&
-        strncmp(dspkd_config_name("socket", name, sizeof name), "--", 2) != 0) {
+        cfg->socket_path[0] != '@' && strncmp(dspkd_config_name("socket", name, sizeof name), "--", 2) != 0) {
       dspkd_error("--end-job %" PRIu64 ": %s is relative (%s) and job_state is unset: the "
                   "default state file is then relative to the directory dspkd started in, "
                   "which --end-job cannot know; set job_state to an absolute path",
@@ -577,6 +578,22 @@ int main(int argc, char **argv) {
     note_unused_socket(given_socket, cfg->socket_path);
   else if ((sp = socket_path(cfg, true, false)) != 0)
     return sp == -2 ? 2 : 1;
+  /* "@name" is an abstract socket to every client (proto/sockpath.h):
+   * dspkd serves one that socket activation passes, and binds none itself
+   * (an abstract socket has no file mode: who may connect would be up to
+   * the [policy] lists alone, which the admin chooses by a ListenStream=). */
+  if (!activated && dspk__sock_is_abstract(cfg->socket_path)) {
+    char name[PATH_MAX + 32];
+    if (given_socket[0])
+      dspkd_config_name("socket", name, sizeof name);
+    else
+      snprintf(name, sizeof name, "$DSPK_SOCKET");
+    dspkd_error("%s %s: an abstract socket (@NAME) is served only when socket activation "
+                "passes it (ListenStream=%s in dspkd.socket); dspkd binds a path itself "
+                "(./%s names a file of that name)", name, cfg->socket_path, cfg->socket_path,
+                cfg->socket_path);
+    return 2;
+  }
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||
                      dspkd_socket_dir_check(cfg->socket_path) != 0))

@@ -340,6 +340,74 @@ def t_activation(exe, tmp):
           "bad passed fd refused: %r" % q.stderr)
 
 
+def t_abstract(exe, tmp):
+    """A daemon on an activated abstract socket (ListenStream=@name, systemd.md) is
+    reached by dspk-submit -S @name and $DSPK_SOCKET=@name, through libdspkclient:
+    a leading '@' names the abstract namespace (protocol.md, cli.md).  The log and
+    status name the address as @name (they said "(activated socket, fd 3)").  The
+    clients took @name for a file (ECONNECT "No such file or directory"; probe 17,
+    E 1).  dspkd binds no abstract socket itself: --socket @name without
+    activation is refused, exit 2 and one line."""
+    submit = os.environ.get("DSPK_SUBMIT") or os.path.join(
+        os.path.dirname(os.path.dirname(exe)), "client", "submit", "dspk-submit")
+    if not os.access(submit, os.X_OK):
+        print("skip: no dspk-submit beside %s (set DSPK_SUBMIT)" % exe)
+        sys.exit(77)
+    name = "dspk-test-abstract-%d" % os.getpid()
+    args = [exe, "--foreground", "--backends", "cpu", "--config", "", "--no-cache",
+            "--log-level", "info"]
+    p = dspk_daemon.activate(args, "@" + name, TIMEOUT, env={"RUNTIME_DIRECTORY": tmp})
+    if p is None:
+        print("skip: systemd-socket-activate missing")
+        sys.exit(77)
+
+    def run(cmd, env=None):
+        e = dict(os.environ)
+        e.pop("DSPK_SOCKET", None)
+        e.update(env or {})
+        q = subprocess.run([submit] + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=e, timeout=TIMEOUT)
+        return q.returncode, q.stdout.decode(), q.stderr.decode()
+
+    try:
+        rc, out, err = run(["-S", "@" + name, "ping"])
+        check(rc == 0, "ping -S @name: %d %r %r" % (rc, out, err))
+        rc, out, err = run(["status", "--json"], {"DSPK_SOCKET": "@" + name})
+        check(rc == 0, "status with $DSPK_SOCKET=@name: %d %r" % (rc, err))
+        import json
+        check(json.loads(out)["daemon"]["socket"] == "@" + name,
+              "status names the abstract socket: %r" % out[:300])
+        # Nothing on another name: the error names the form.
+        rc, out, err = run(["-S", "@%s-none" % name, "ping"])
+        check(rc != 0 and ("cannot connect to @%s-none: no daemon listens on this abstract "
+                           "name (an abstract socket: a leading '@' names the abstract "
+                           "namespace)" % name) in err, "no such abstract name: %r" % err)
+        rc, out, err = run(["-S", "@", "ping"])
+        check(rc != 0 and "abstract socket name after '@' is empty" in err,
+              "a lone @: %d %r" % (rc, err))
+    finally:
+        rc = dspk_daemon.stop(p, TIMEOUT)
+        text = p.stderr.read().decode()
+    check(rc == 0, "exit 0 after SIGTERM, got %r:\n%s" % (rc, text))
+    check("info: listening on @%s (socket activation)\n" % name in text,
+          "the log names the abstract address:\n" + text)
+    # Not activated: dspkd does not bind an abstract socket.
+    for how in ("--socket", "env"):
+        e = dict(os.environ)
+        cmd = [exe, "--foreground", "--backends", "cpu", "--config", "", "--no-cache"]
+        if how == "env":
+            e["DSPK_SOCKET"] = "@" + name
+        else:
+            cmd += ["--socket", "@" + name]
+        q = subprocess.run(cmd, stderr=subprocess.PIPE, env=e, timeout=TIMEOUT)
+        err = q.stderr.decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        want = "%s @%s: an abstract socket (@NAME) is served only when socket activation " \
+            "passes it" % ("--socket" if how == "--socket" else "$DSPK_SOCKET", name)
+        check(q.returncode == 2 and len(lines) == 1 and want in lines[0],
+              "%s @name refused: %d %r" % (how, q.returncode, err))
+
+
 def t_ownfiles(exe, tmp):
     """The Slurm jobs' state file is none of the daemon's other files: a
     job_state that is the socket, the cache, one of SQLite's files beside it
@@ -2339,6 +2407,7 @@ def t_cycles(exe, tmp, count=200):
 GROUPS = {
     "notify": t_notify,
     "activation": t_activation,
+    "abstract": t_abstract,
     "sigterm": t_sigterm,
     "sockreplaced": t_sockreplaced,
     "ownfiles": t_ownfiles,
