@@ -386,11 +386,14 @@ static int lookup_id(const char *name, bool group, uint32_t *id) {
  * at boot) is no error: it stands in the list for no one (DSPKD_ID_NOBODY,
  * never a process's id), so that a list of names none of which resolves
  * still admits only root and dspkd's own user, and is said in ids_warn.
- * 0, or -1 with the offending word in msg. */
+ * A name has no length limit of dspk's own (a line's is the only one):
+ * one too long for this system's user names is one that does not resolve,
+ * and a directory service's may be long ("user@long.domain.example").
+ * 0, or -1 with the reason in msg. */
 static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char *msg,
                      size_t len) {
   struct dspkd_idlist l = {0};
-  char word[64];
+  char word[INI_MAX_LINE]; /* a line of the file is shorter (reader) */
   size_t w = 0;
 
   ids_warn[0] = '\0';
@@ -400,8 +403,8 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
       s++;
       continue;
     }
-    if (n >= sizeof word) {
-      snprintf(msg, len, "name too long");
+    if (n >= sizeof word) { /* not from a line of the file */
+      snprintf(msg, len, "an entry longer than %zu bytes", sizeof word - 1);
       return -1;
     }
     memcpy(word, s, n);

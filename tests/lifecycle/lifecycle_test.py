@@ -2130,6 +2130,26 @@ def t_policy(exe, tmp):
               "%s is a name, warned of:\n%s" % (word, log))
         got = as_user(d.sock, nobody, "ping")
         check(got == ["notify:protocol.error:EPERM"], "%s admits no one: %r" % (word, got))
+    # A name of any length is looked up (a directory service's may be long): one
+    # of 64 bytes or more was "name too long", a refused reload and start
+    # (probe 17, E 2), where the documented rule is the warning.
+    long_u, long_g = "u" * 64, "g" * 150
+    n = len(d.logtext())
+    write(conf, "[policy]\nallow_users = %s,nobody\nadmin_groups = %d,%s\n"
+          % (long_u, nobody, long_g))
+    check(root.call("daemon.reload") == {"reloaded": True}, "long names: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (long names)")
+    log = d.logtext()[n:]
+    check('warn: %s:2: allow_users: no such user "%s": such a name admits no one' % (
+          conf, long_u) in log and
+          'warn: %s:3: admin_groups: no such group "%s"' % (conf, long_g) in log,
+          "long names are warned of:\n" + log)
+    check(as_user(d.sock, nobody, "ping") == ["ok"], "long names: the other entries apply")
+    lst = Daemon(exe, tmp, ["--config", conf, "--no-cache"], sock=os.path.join(tmp, "ls.sock"))
+    check('allow_users: no such user "%s"' % long_u in lst.logtext(),
+          "long name warned at start:\n" + lst.logtext())
+    lst.proc.send_signal(signal.SIGTERM)
+    check(lst.wait() == 0, "exit 0")
     write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")
