@@ -1121,8 +1121,10 @@ static int load(const char *path, struct dspkd_config *cfg,
     return DSPK_EIO;
   }
   if (untrusted(path, &st, err, len)) {
+    /* A refused configuration, as an invalid one (exit status 2 at start):
+     * nothing failed to read. */
     close(fd);
-    return DSPK_EIO;
+    return DSPK_EINVAL;
   }
   p.f = fdopen(fd, "r");
   if (!p.f) {

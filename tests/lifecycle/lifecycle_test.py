@@ -1151,6 +1151,18 @@ def t_reload(exe, tmp):
     check(lim["max_inflight"] == 50, "kept: %r" % lim)
     check("%s: refusing the configuration file: it is writable by group or others (mode 0646)"
           % conf in d.logtext(), "logged:\n" + d.logtext())
+    # daemon.reload answers a refused file EINVAL, as an invalid one (the start's
+    # exit status 2): no read failed (it was EIO, "a read error": probe 17, E 4).
+    for mode in (0o646, 0o666):
+        os.chmod(conf, mode)
+        try:
+            c.call("daemon.reload")
+            check(False, "mode %o: the reload refused" % mode)
+        except RpcError as e:
+            check(e.name == "EINVAL" and e.err.get("message", "").startswith(
+                "%s: refusing the configuration file: it is writable by group or others "
+                "(mode 0%o)" % (conf, mode)), "mode %o: EINVAL: %s" % (mode, e))
+        n.until(lambda m: m.get("READY") == "1", "READY=1 after daemon.reload")
     os.chmod(conf, 0o644)
     # The file replaced by a directory (it was read as an empty file: every
     # setting back to its default, "configuration reloaded"): refused too.
