@@ -785,6 +785,14 @@ static int store(const struct key *k, const char *value, bool from_file,
                "socket's limit), got %zu bytes", (size_t)DSPKD_SUN_PATH - 1, strlen(value));
       return -1;
     }
+    /* Every path of the file is absolute (see job_state below): a relative
+     * one would be the start directory's, which the file cannot know and
+     * dspkd --end-job cannot either.  "@name" is an abstract socket. */
+    if (from_file && value[0] != '/' && value[0] != '@') {
+      snprintf(why, len, "expected an absolute path or @NAME (an abstract socket), got \"%s\" "
+               "(a relative path would be the directory dspkd started in)", vis(value));
+      return -1;
+    }
     memcpy(field, value, strlen(value) + 1);
     return 0;
   case K_STR:
@@ -808,6 +816,12 @@ static int store(const struct key *k, const char *value, bool from_file,
      * file, cannot know: it would end the job in another file, or find
      * none, and the daemon would register the job again at its next
      * start.  --job-state stays relative to the current directory. */
+    if (k->off == offsetof(struct dspkd_config, cache_path) && from_file && *value != '/' &&
+        strcmp(value, ":memory:") != 0) {
+      snprintf(why, len, "expected an absolute path or :memory:, got \"%s\" (a relative path "
+               "would be the directory dspkd started in)", vis(value));
+      return -1;
+    }
     if (k->off == offsetof(struct dspkd_config, job_state) && from_file && *value != '/') {
       snprintf(why, len, "expected an absolute path, got \"%s\" (the Slurm epilog's dspkd "
                "--end-job cannot know the directory dspkd started in)", vis(value));

@@ -1621,6 +1621,17 @@ def t_config(exe, tmp):
 
     start_fail("[limits]\nmax_clients = 4\nmax_cliens = 5\n",
                '%(f)s:3: unknown key "max_cliens" in [limits]')
+    # Every path of the file is absolute, as job_state's is (dspk.conf(5)): a
+    # relative cache or socket was the start directory's, logged relative, and a
+    # daemon whose epilog refuses the same file (probe 17, E 5).
+    start_fail("[daemon]\ncache = relative.db\n", '%(f)s:2: cache: expected an absolute path '
+               'or :memory:, got "relative.db" (a relative path would be the directory dspkd '
+               'started in)')
+    start_fail("[daemon]\nsocket = rel.sock\n", '%(f)s:2: socket: expected an absolute path '
+               'or @NAME (an abstract socket), got "rel.sock" (a relative path would be the '
+               'directory dspkd started in)')
+    start_fail("[daemon]\njob_state = rel.jobs\n", '%(f)s:2: job_state: expected an absolute '
+               'path, got "rel.jobs"')
     start_fail("# comment\n[limits]\nmax_depth = 2\n", "%(f)s:3: max_depth: expected an integer")
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
@@ -1735,7 +1746,8 @@ def t_config(exe, tmp):
     # no_cache = no with a cache is no conflict (good.conf below).
     start_fail("[daemon]\nno_cache = yes\ncache = %s/zz.db\n" % tmp,
                "%(f)s:3: cache and no_cache = yes (line 2) both given (give one)")
-    start_fail("[daemon]\ncache = zz.db\n[limits]\nmax_clients = 3\n[daemon]\nno_cache = on\n",
+    start_fail("[daemon]\ncache = %s/zz.db\n[limits]\nmax_clients = 3\n[daemon]\nno_cache = on\n"
+               % tmp,
                "%(f)s:6: no_cache = on and cache (line 2) both given (give one)")
     check(not os.path.exists(os.path.join(tmp, "zz.db")), "no cache file made")
     # An empty cache is a bad value, as every empty value of the file but
