@@ -228,6 +228,18 @@ static void derive_defaults(struct dspkd_config *cfg) {
     cfg->max_user_clients = cfg->max_clients / 4 ? cfg->max_clients / 4 : 1;
 }
 
+/* Warns of limits that are each in range but together never apply (at
+ * start and at each reload, once the derived ones are set): a user quota
+ * above the whole (max_user_clients > max_clients). */
+static void warn_limits(const struct dspkd_config *cfg) {
+  char name[PATH_MAX + 64];
+  if (cfg->max_user_clients > cfg->max_clients)
+    dspkd_warn("%s %zu is more than max_clients %zu: one user is bounded by max_clients "
+               "alone (give max_user_clients %zu or less)",
+               dspkd_config_name("max_user_clients", name, sizeof name), cfg->max_user_clients,
+               cfg->max_clients, cfg->max_clients);
+}
+
 void dspkd_config_defaults(struct dspkd_config *cfg) {
   char why[160];
   memset(cfg, 0, sizeof *cfg);
@@ -602,6 +614,18 @@ static bool known_backend(const char *p, size_t n) {
   return false;
 }
 
+/* Whether the item p[0..n) of the comma list s (p inside s) is one that
+ * comes before it in s. */
+static bool item_before(const char *s, const char *p, size_t n) {
+  for (const char *q = s; q < p;) {
+    size_t m = strcspn(q, ",");
+    if (m == n && memcmp(q, p, n) == 0)
+      return true;
+    q += m + 1;
+  }
+  return false;
+}
+
 /* backends: a comma list of the backends dspk knows (those this build lacks
  * included: they are listed as unavailable), no blanks, no empty item.
  * Checked here so that a bad list stops dspkd with status 2 naming
@@ -619,6 +643,13 @@ static int check_backends(const char *s, char *why, size_t len) {
     if (!known_backend(p, n)) {
       snprintf(why, len, "expected a comma list (no blanks) of cpu, cuda, vulkan, hip; "
                "got \"%s\" in \"%s\"", visn(p, n), vis(s));
+      return -1;
+    }
+    /* A list names each once, as a key is given once: a repeat means a
+     * mistake (another backend meant), never a second meaning. */
+    if (item_before(s, p, n)) {
+      snprintf(why, len, "expected each backend once; got \"%s\" twice in \"%s\"",
+               visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])
@@ -650,6 +681,11 @@ static int check_raw_kernels(const char *s, char *why, size_t len) {
       snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids "
                "such as vulkan:0 or cuda:1 (the index without a leading 0); got \"%s\" in "
                "\"%s\"", visn(p, n), vis(s));
+      return -1;
+    }
+    if (item_before(s, p, n)) {
+      snprintf(why, len, "expected each device once; got \"%s\" twice in \"%s\"",
+               visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])
@@ -1430,6 +1466,7 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   have_conf = true;
 done:
   derive_defaults(cfg);
+  warn_limits(cfg);
   start_cfg = *cfg;
   /* Which cache: an option wins over the file (whose cache and
    * no_cache = yes never come together: handler); --cache "" is no cache. */
@@ -1673,6 +1710,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   /* A derived key the file leaves unset is derived again (from the new
    * max_clients); one the command line set is kept as the loop kept it. */
   derive_defaults(&d->cfg);
+  warn_limits(&d->cfg);
   have_conf = true;
   dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);

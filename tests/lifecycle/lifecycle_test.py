@@ -1632,6 +1632,41 @@ def t_config(exe, tmp):
                'directory dspkd started in)')
     start_fail("[daemon]\njob_state = rel.jobs\n", '%(f)s:2: job_state: expected an absolute '
                'path, got "rel.jobs"')
+    # A list names each item once (its repeat was taken in silence, and
+    # raw_kernels' warning then logged once per repeat: probe 17, E 6).
+    start_fail("[daemon]\nbackends = cpu,vulkan,cpu\n", '%(f)s:2: backends: expected each '
+               'backend once; got "cpu" twice in "cpu,vulkan,cpu"')
+    start_fail("[daemon]\nraw_kernels = vulkan:0,cuda:1,vulkan:0\n", '%(f)s:2: raw_kernels: '
+               'expected each device once; got "vulkan:0" twice in "vulkan:0,cuda:1,vulkan:0"')
+    for opt, val, want in (("--backends", "cpu,cpu", 'expected each backend once; got "cpu" '
+                            'twice in "cpu,cpu"'),
+                           ("--raw-kernels", "cuda:0,cuda:0", 'expected each device once; got '
+                            '"cuda:0" twice')):
+        q = subprocess.run([exe, "--foreground", "--config", "", opt, val, "--socket",
+                            os.path.join(tmp, "never.sock")], stderr=subprocess.PIPE,
+                           timeout=TIMEOUT)
+        err = q.stderr.decode()
+        check(q.returncode == 2 and len(err.splitlines()) == 1 and
+              ("error: %s: %s" % (opt, want)) in err, "%s %s: %d %r" % (opt, val, q.returncode,
+                                                                       err))
+    # A user quota above max_clients never applies: a warning at start and at a
+    # reload, naming both (it was silent).
+    wconf = os.path.join(tmp, "quota.conf")
+    write(wconf, "[limits]\nmax_clients = 4\nmax_user_clients = 8\n")
+    want = ("warn: %s: max_user_clients 8 is more than max_clients 4: one user is bounded by "
+            "max_clients alone (give max_user_clients 4 or less)\n" % wconf)
+    d = Daemon(exe, tmp, config=wconf, sock=os.path.join(tmp, "quota.sock"))
+    check(d.logtext().count(want) == 1, "warned at start:\n" + d.logtext())
+    write(wconf, "[limits]\nmax_clients = 6\nmax_user_clients = 6\n")
+    c = d.client()
+    c.call("daemon.reload")
+    check(d.logtext().count(want) == 1 and "more than max_clients 6" not in d.logtext(),
+          "max_user_clients = max_clients: no warning:\n" + d.logtext())
+    write(wconf, "[limits]\nmax_clients = 4\nmax_user_clients = 8\n")
+    c.call("daemon.reload")
+    check(d.logtext().count(want) == 2, "warned at the reload:\n" + d.logtext())
+    c.close()
+    d.stop()
     start_fail("# comment\n[limits]\nmax_depth = 2\n", "%(f)s:3: max_depth: expected an integer")
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
