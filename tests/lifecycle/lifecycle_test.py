@@ -2220,6 +2220,13 @@ def t_policy(exe, tmp):
           "warned at start:\n" + st.logtext())
     st.proc.send_signal(signal.SIGTERM)
     check(st.wait() == 0, "exit 0")
+    # An admin must pass the allow lists too: admin_users adds admins among those
+    # admitted, it admits no one (dspk.conf(5), admin.md: probe 17, E 7).
+    write(conf, "[policy]\nallow_users = root\nadmin_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "admin not allowed: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (admin not allowed)")
+    got = as_user(d.sock, nobody, "ping")
+    check(got == ["notify:protocol.error:EPERM"], "an admin the allow lists leave out: %r" % got)
     write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "back")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (back)")
