@@ -1785,13 +1785,14 @@ static void client_free(dspk_client *c) {
 /* connect(2) on fd, bounded by timeout_ms (> 0): a daemon whose listen
  * backlog is full makes a non-blocking connect fail with EAGAIN, tried
  * again every 10 ms until the time runs out (ETIMEDOUT).  0 or errno. */
-static int connect_bounded(int fd, const struct sockaddr_un *sa, int timeout_ms) {
+static int connect_bounded(int fd, const struct sockaddr_un *sa, socklen_t salen,
+                           int timeout_ms) {
   int64_t deadline = now_ms() + timeout_ms;
   int fl = fcntl(fd, F_GETFL), e = 0;
   if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
     return errno;
   for (;;) {
-    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0)
+    if (connect(fd, (const struct sockaddr *)sa, salen) == 0)
       break;
     e = errno;
     if (e == EINTR)
@@ -1829,8 +1830,9 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
 
 DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client_name,
                                      int timeout_ms, dspk_client **out) {
-  char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  char path[sizeof(((struct sockaddr_un *)0)->sun_path)], why[400];
+  struct sockaddr_un sa;
+  socklen_t salen = 0;
   struct hello_args ha = {client_name ? client_name : "libdspkclient", 0, ""};
   struct dspk__resp r;
   dspk_client *c;
@@ -1849,10 +1851,6 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
                "socket path longer than %zu bytes", sizeof path - 1);
       return DSPK_ELIMIT;
     }
-    if (socket_path[0] == '\0') {
-      snprintf(connect_err, sizeof connect_err, "socket path is empty");
-      return DSPK_EINVAL;
-    }
     strcpy(path, socket_path);
   } else if (dspk_default_socket(path, sizeof path) != 0) {
     const char *env = getenv("DSPK_SOCKET");
@@ -1861,7 +1859,12 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
              sizeof path - 1);
     return DSPK_ELIMIT;
   }
-  memcpy(sa.sun_path, path, sizeof path);
+  /* "@name": the abstract socket name (proto/sockpath.h), else a path. */
+  if ((rc = dspk__sockaddr_parse(path, &sa, &salen, why, sizeof why)) != 0) {
+    dspk__format(connect_err, sizeof connect_err, "%s%s", socket_path ? "" : "$DSPK_SOCKET: ",
+                 why);
+    return rc;
+  }
 
   c = calloc(1, sizeof(*c));
   if (!c) {
@@ -1909,8 +1912,8 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
   {
     int e = 0;
     if (c->timeout_ms)
-      e = connect_bounded(c->fd, &sa, c->timeout_ms);
-    else if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+      e = connect_bounded(c->fd, &sa, salen, c->timeout_ms);
+    else if (connect(c->fd, (struct sockaddr *)&sa, salen) != 0)
       e = errno;
     /* The path as a message may show it: a newline or an escape sequence
      * in it written as an escape (dspk__utf8_visible), as dspk-submit
@@ -1924,7 +1927,8 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
       rc = DSPK_ETIMEDOUT;
       goto err_socket;
     }
-    if ((e == ECONNREFUSED || e == ENOTSOCK) && stat(path, &st) == 0 &&
+    if ((e == ECONNREFUSED || e == ENOTSOCK) && !dspk__sock_is_abstract(path) &&
+        stat(path, &st) == 0 &&
         !S_ISSOCK(st.st_mode)) {
       /* Something is there, but nothing a daemon could listen on: say
        * what it is (the kernel says "Connection refused"), in the words
@@ -1933,6 +1937,16 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
       dspk__not_socket(why, sizeof why, path, strlen(path), st.st_mode);
       dspk__format(connect_err, sizeof connect_err, "connect to %s: %s", shown, why);
       rc = DSPK_ECONNECT;
+      goto err_socket;
+    }
+    if (e && dspk__sock_is_abstract(path)) {
+      /* No file to look at: say which form was taken, so that a path
+       * meant with a leading '@' can be told ("./@x" names that file). */
+      dspk__format(connect_err, sizeof connect_err,
+                   "connect to %s: %s (an abstract socket: a leading '@' names the "
+                   "abstract namespace)", shown,
+                   e == ECONNREFUSED ? "no daemon listens on this abstract name" : strerror(e));
+      rc = e == EACCES || e == EPERM ? DSPK_EPERM : DSPK_ECONNECT;
       goto err_socket;
     }
     if (e) {

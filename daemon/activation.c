@@ -23,6 +23,7 @@
 #include "daemon/activation.h"
 #include "daemon/log.h"
 #include "daemon/teardown.h"
+#include "proto/sockpath.h"
 
 #ifndef DSPKD_HAVE_SYSTEMD
 /* sd_listen_fds(1) without libsystemd: the count of descriptors passed from
@@ -116,11 +117,15 @@ int dspkd_activation_start(struct dspkd *d) {
   if (fd <= 0)
     return fd;
   d->activation_fd = fd;
+  char shown[4 * sizeof sa.sun_path + 8];
   memset(&sa, 0, sizeof sa);
-  if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0] &&
-      strnlen(sa.sun_path, sizeof sa.sun_path) < sizeof d->cfg.socket_path)
-    snprintf(d->cfg.socket_path, sizeof d->cfg.socket_path, "%.*s",
-             (int)sizeof sa.sun_path, sa.sun_path);
+  /* Its address as clients name it (proto/sockpath.h): the path, or
+   * "@name" for an abstract socket (ListenStream=@name); the log, status
+   * and the checks of the state file's default see this text. */
+  if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+      dspk__sockaddr_show(shown, sizeof shown, &sa, len)[0] &&
+      strlen(shown) < sizeof d->cfg.socket_path)
+    snprintf(d->cfg.socket_path, sizeof d->cfg.socket_path, "%s", shown);
   else
     snprintf(d->cfg.socket_path, sizeof d->cfg.socket_path, "(activated socket, fd %d)", fd);
   return 1;

@@ -228,6 +228,18 @@ static void derive_defaults(struct dspkd_config *cfg) {
     cfg->max_user_clients = cfg->max_clients / 4 ? cfg->max_clients / 4 : 1;
 }
 
+/* Warns of limits that are each in range but together never apply (at
+ * start and at each reload, once the derived ones are set): a user quota
+ * above the whole (max_user_clients > max_clients). */
+static void warn_limits(const struct dspkd_config *cfg) {
+  char name[PATH_MAX + 64];
+  if (cfg->max_user_clients > cfg->max_clients)
+    dspkd_warn("%s %zu is more than max_clients %zu: one user is bounded by max_clients "
+               "alone (give max_user_clients %zu or less)",
+               dspkd_config_name("max_user_clients", name, sizeof name), cfg->max_user_clients,
+               cfg->max_clients, cfg->max_clients);
+}
+
 void dspkd_config_defaults(struct dspkd_config *cfg) {
   char why[160];
   memset(cfg, 0, sizeof *cfg);
@@ -386,11 +398,14 @@ static int lookup_id(const char *name, bool group, uint32_t *id) {
  * at boot) is no error: it stands in the list for no one (DSPKD_ID_NOBODY,
  * never a process's id), so that a list of names none of which resolves
  * still admits only root and dspkd's own user, and is said in ids_warn.
- * 0, or -1 with the offending word in msg. */
+ * A name has no length limit of dspk's own (a line's is the only one):
+ * one too long for this system's user names is one that does not resolve,
+ * and a directory service's may be long ("user@long.domain.example").
+ * 0, or -1 with the reason in msg. */
 static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char *msg,
                      size_t len) {
   struct dspkd_idlist l = {0};
-  char word[64];
+  char word[INI_MAX_LINE]; /* a line of the file is shorter (reader) */
   size_t w = 0;
 
   ids_warn[0] = '\0';
@@ -400,8 +415,8 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
       s++;
       continue;
     }
-    if (n >= sizeof word) {
-      snprintf(msg, len, "name too long");
+    if (n >= sizeof word) { /* not from a line of the file */
+      snprintf(msg, len, "an entry longer than %zu bytes", sizeof word - 1);
       return -1;
     }
     memcpy(word, s, n);
@@ -599,6 +614,18 @@ static bool known_backend(const char *p, size_t n) {
   return false;
 }
 
+/* Whether the item p[0..n) of the comma list s (p inside s) is one that
+ * comes before it in s. */
+static bool item_before(const char *s, const char *p, size_t n) {
+  for (const char *q = s; q < p;) {
+    size_t m = strcspn(q, ",");
+    if (m == n && memcmp(q, p, n) == 0)
+      return true;
+    q += m + 1;
+  }
+  return false;
+}
+
 /* backends: a comma list of the backends dspk knows (those this build lacks
  * included: they are listed as unavailable), no blanks, no empty item.
  * Checked here so that a bad list stops dspkd with status 2 naming
@@ -616,6 +643,13 @@ static int check_backends(const char *s, char *why, size_t len) {
     if (!known_backend(p, n)) {
       snprintf(why, len, "expected a comma list (no blanks) of cpu, cuda, vulkan, hip; "
                "got \"%s\" in \"%s\"", visn(p, n), vis(s));
+      return -1;
+    }
+    /* A list names each once, as a key is given once: a repeat means a
+     * mistake (another backend meant), never a second meaning. */
+    if (item_before(s, p, n)) {
+      snprintf(why, len, "expected each backend once; got \"%s\" twice in \"%s\"",
+               visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])
@@ -647,6 +681,11 @@ static int check_raw_kernels(const char *s, char *why, size_t len) {
       snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids "
                "such as vulkan:0 or cuda:1 (the index without a leading 0); got \"%s\" in "
                "\"%s\"", visn(p, n), vis(s));
+      return -1;
+    }
+    if (item_before(s, p, n)) {
+      snprintf(why, len, "expected each device once; got \"%s\" twice in \"%s\"",
+               visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])
@@ -782,6 +821,14 @@ static int store(const struct key *k, const char *value, bool from_file,
                "socket's limit), got %zu bytes", (size_t)DSPKD_SUN_PATH - 1, strlen(value));
       return -1;
     }
+    /* Every path of the file is absolute (see job_state below): a relative
+     * one would be the start directory's, which the file cannot know and
+     * dspkd --end-job cannot either.  "@name" is an abstract socket. */
+    if (from_file && value[0] != '/' && value[0] != '@') {
+      snprintf(why, len, "expected an absolute path or @NAME (an abstract socket), got \"%s\" "
+               "(a relative path would be the directory dspkd started in)", vis(value));
+      return -1;
+    }
     memcpy(field, value, strlen(value) + 1);
     return 0;
   case K_STR:
@@ -805,6 +852,12 @@ static int store(const struct key *k, const char *value, bool from_file,
      * file, cannot know: it would end the job in another file, or find
      * none, and the daemon would register the job again at its next
      * start.  --job-state stays relative to the current directory. */
+    if (k->off == offsetof(struct dspkd_config, cache_path) && from_file && *value != '/' &&
+        strcmp(value, ":memory:") != 0) {
+      snprintf(why, len, "expected an absolute path or :memory:, got \"%s\" (a relative path "
+               "would be the directory dspkd started in)", vis(value));
+      return -1;
+    }
     if (k->off == offsetof(struct dspkd_config, job_state) && from_file && *value != '/') {
       snprintf(why, len, "expected an absolute path, got \"%s\" (the Slurm epilog's dspkd "
                "--end-job cannot know the directory dspkd started in)", vis(value));
@@ -1118,8 +1171,10 @@ static int load(const char *path, struct dspkd_config *cfg,
     return DSPK_EIO;
   }
   if (untrusted(path, &st, err, len)) {
+    /* A refused configuration, as an invalid one (exit status 2 at start):
+     * nothing failed to read. */
     close(fd);
-    return DSPK_EIO;
+    return DSPK_EINVAL;
   }
   p.f = fdopen(fd, "r");
   if (!p.f) {
@@ -1411,6 +1466,7 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   have_conf = true;
 done:
   derive_defaults(cfg);
+  warn_limits(cfg);
   start_cfg = *cfg;
   /* Which cache: an option wins over the file (whose cache and
    * no_cache = yes never come together: handler); --cache "" is no cache. */
@@ -1654,6 +1710,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   /* A derived key the file leaves unset is derived again (from the new
    * max_clients); one the command line set is kept as the loop kept it. */
   derive_defaults(&d->cfg);
+  warn_limits(&d->cfg);
   have_conf = true;
   dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);

@@ -37,6 +37,7 @@
 
 #include "backends/backend.h"
 #include "cache/cache.h"
+#include "proto/sockpath.h"
 
 /* Fills cfg->socket_path, unless the option or the file set it, from
  * $DSPK_SOCKET or the default, and creates the default's directory when
@@ -537,18 +538,11 @@ int main(int argc, char **argv) {
   /* dspkd --end-job ID: the state file the daemon would use, changed
    * offline; nothing of the daemon starts. */
   if (cfg->end_job) {
-    char said[sizeof d->job_state + 256] = "", name[PATH_MAX + 64];
-    /* The default state file of a relative socket that the file names is
-     * the daemon's start directory's, unknown here (the epilog runs in
-     * slurmd's): refused, as a relative job_state in the file is. */
-    if (!cfg->job_state && cfg->socket_path[0] && cfg->socket_path[0] != '/' &&
-        strncmp(dspkd_config_name("socket", name, sizeof name), "--", 2) != 0) {
-      dspkd_error("--end-job %" PRIu64 ": %s is relative (%s) and job_state is unset: the "
-                  "default state file is then relative to the directory dspkd started in, "
-                  "which --end-job cannot know; set job_state to an absolute path",
-                  cfg->end_job, name, cfg->socket_path);
-      return 2;
-    }
+    char said[sizeof d->job_state + 256] = "";
+    /* A relative socket the file names, whose default state file would be
+     * the daemon's start directory's (unknown here: the epilog runs in
+     * slurmd's), is refused by the file's own rule: its paths are absolute
+     * (daemon/config.c). */
     /* A job_state given needs no socket (dspkd_paths_start checks it
      * against the default one when there is one). */
     if ((!cfg->job_state && socket_path(cfg, false, true) != 0) || dspkd_paths_start(cfg, 0) != 0)
@@ -577,6 +571,22 @@ int main(int argc, char **argv) {
     note_unused_socket(given_socket, cfg->socket_path);
   else if ((sp = socket_path(cfg, true, false)) != 0)
     return sp == -2 ? 2 : 1;
+  /* "@name" is an abstract socket to every client (proto/sockpath.h):
+   * dspkd serves one that socket activation passes, and binds none itself
+   * (an abstract socket has no file mode: who may connect would be up to
+   * the [policy] lists alone, which the admin chooses by a ListenStream=). */
+  if (!activated && dspk__sock_is_abstract(cfg->socket_path)) {
+    char name[PATH_MAX + 32];
+    if (given_socket[0])
+      dspkd_config_name("socket", name, sizeof name);
+    else
+      snprintf(name, sizeof name, "$DSPK_SOCKET");
+    dspkd_error("%s %s: an abstract socket (@NAME) is served only when socket activation "
+                "passes it (ListenStream=%s in dspkd.socket); dspkd binds a path itself "
+                "(./%s names a file of that name)", name, cfg->socket_path, cfg->socket_path,
+                cfg->socket_path);
+    return 2;
+  }
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||
                      dspkd_socket_dir_check(cfg->socket_path) != 0))

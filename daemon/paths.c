@@ -112,6 +112,14 @@ static void follow_last(const char *socket, char *out, size_t len) {
   snprintf(out, len, "%s", cur);
 }
 
+/* Whether the daemon's socket s (activated: passed by socket activation)
+ * is a file: neither an activated one without an address ("(activated
+ * socket, fd N)") nor an abstract one ("@name", proto/sockpath.h), which
+ * have no directory for a state file beside them. */
+static bool sock_has_path(const char *s, bool activated) {
+  return !(activated && s[0] == '(') && s[0] != '@';
+}
+
 /* The state file's default for a daemon on socket: the socket's path, the
  * links of its last component followed (follow_last: a socket named
  * through a link, as an epilog's DSPK_SOCKET may, is the daemon's socket
@@ -202,7 +210,7 @@ static const char *collides(const char *path, const char *sock, const char *conf
  * start directory (a detached daemon has left it for /). */
 static void from_start(char *p, size_t len) {
   char rel[PATH_MAX];
-  if (!p[0] || p[0] == '/' || p[0] == '(' || !run.start[0])
+  if (!p[0] || p[0] == '/' || p[0] == '(' || p[0] == '@' || !run.start[0])
     return;
   snprintf(rel, sizeof rel, "%s", p);
   int n = snprintf(p, len, "%s/%s", run.start, rel);
@@ -384,7 +392,7 @@ static int check_cache(const char *cache, const char *sock, const char *conf,
 }
 
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
-  bool has_path = !activated || cfg->socket_path[0] != '(';
+  bool has_path = sock_has_path(cfg->socket_path, activated);
   char name[PATH_MAX + 64], cname[PATH_MAX + 64], why[3 * PATH_MAX + 512];
   char dflt[PATH_MAX];
   const char *conf = dspkd_config_file(), *sock = has_path ? cfg->socket_path : NULL;
@@ -453,7 +461,7 @@ static int reload_socket(const struct dspkd_config *nw, bool socket_fixed, char 
  * sock when unset), absolute, in jobs.  0, or -1 when none can be told. */
 static int reload_job_state(const struct dspkd_config *nw, const char *sock, char *jobs,
                             size_t len) {
-  bool has_path = !run.activated || run.socket[0] != '(';
+  bool has_path = sock_has_path(run.socket, run.activated);
   if (nw->job_state) {
     snprintf(jobs, len, "%s", nw->job_state);
     from_start(jobs, len);
@@ -466,7 +474,7 @@ int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
                              bool job_state_fixed, bool cache_fixed, char *why, size_t len) {
   char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX], name[PATH_MAX + 64];
   char cname[PATH_MAX + 64];
-  bool has_path = !run.activated || run.socket[0] != '(';
+  bool has_path = sock_has_path(run.socket, run.activated);
 
   if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
     return 0; /* no socket, no default state file: said as a change */

@@ -688,6 +688,8 @@ static void eperm_hint(const char *path, char *hint, size_t cap) {
   char dir[512], on[300], gn[300], who[720];
   struct stat st;
   size_t len = strlen(path);
+  if (dspk__sock_is_abstract(path)) /* no file, no mode: nothing to explain */
+    return;
   if (len >= sizeof dir)
     return;
   /* Each directory from the root down: "/a", "/a/b" for "/a/b/s". */
@@ -769,7 +771,7 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
       return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s", dspk__sub_arg(shown), hint);
     }
     if ((rc == DSPK_ECONNECT || (rc == DSPK_EPERM && strstr(why, "allow_") == NULL)) &&
-        stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        !dspk__sock_is_abstract(shown) && stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on (EPERM
        * too, where this user may not write it: no mode would help).  The
        * library names it so already for ECONNECT, in the words of

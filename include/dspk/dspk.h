@@ -105,7 +105,9 @@ typedef struct dspk_client dspk_client;
 DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
 
 /*
- * Connects to the daemon at socket_path (NULL: dspk_default_socket()) and
+ * Connects to the daemon at socket_path (NULL: dspk_default_socket(); a
+ * leading '@' names the abstract socket of that name, as systemd's
+ * ListenStream=@name: docs/protocol.md "Connecting") and
  * says hello with client_name (NULL: "libdspkclient"; at most 63 bytes,
  * a longer one is DSPK_ELIMIT; each byte of it that starts no well-formed
  * UTF-8 character is sent as U+FFFD, the name then cut at a character
@@ -116,7 +118,7 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * DSPK_EINVAL when out is NULL or $DSPK_JOB is set, not empty and no such
  * number (dspk_connect_error() names it and its value; $SLURM_JOB_ID is
  * not taken instead, while a $SLURM_JOB_ID that is none names no job),
- * DSPK_EINVAL for an empty socket_path, DSPK_ELIMIT for a
+ * DSPK_EINVAL for an empty socket_path or a lone "@", DSPK_ELIMIT for a
  * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
  * listens there (when the path is there but is no socket,
  * dspk_connect_error() says what it is, as dspk-submit does: "connect to

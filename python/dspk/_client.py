@@ -688,6 +688,26 @@ def _socket_path_error(path: str, given: bool) -> Optional[Error]:
                                  "(%d bytes)" % (path, whence, _SOCKET_PATH_MAX, n))
 
 
+def _is_abstract(path: str) -> bool:
+    """Whether ``path`` names an abstract socket: a leading '@' (python.md)."""
+    return path.startswith("@")
+
+
+def _address(path: str) -> Union[str, bytes]:
+    """The address connect() takes for ``path``: for "@name" the abstract name (a NUL
+    and the name's bytes, as systemd binds ListenStream=@name), else the path.
+    Raises dspk.InvalidArgument for a lone "@"."""
+    if not _is_abstract(path):
+        return path
+    if path == "@":
+        raise _errors.InvalidArgument("socket: abstract socket name after '@' is empty "
+                                      "(@NAME names an abstract socket)")
+    try:
+        return b"\0" + os.fsencode(path[1:])
+    except UnicodeError:
+        return path  # no bytes form (a lone surrogate): left to connect(), as a path is
+
+
 def _not_a_socket(path: str) -> str:
     """For connect()'s error: where ``path`` is there but is no socket, what it is
     ("; /tmp/x is a regular file, not a socket: ..."), as dspk-submit says it; else
@@ -713,8 +733,10 @@ def connect(socket: Optional[SocketPath] = None, *,
     """Connects to dspkd and returns a :class:`Client`.
 
     Args:
-        socket: the socket path (str, bytes or path object); None: :func:`default_socket`
-            (``$DSPK_SOCKET``, ...).
+        socket: the socket path (str, bytes or path object), or ``"@name"`` for the
+            abstract socket ``name`` (a leading '@' names the abstract namespace, as
+            systemd's ``ListenStream=@name``; ``"./@x"`` is the file ``@x``); None:
+            :func:`default_socket` (``$DSPK_SOCKET``, ...).
         name: the name of this connection in the daemon's ``status`` (a str, cut at 63
             bytes; default: "python:" and the script's file name, a byte of it that is
             no UTF-8 replaced by U+FFFD).
@@ -732,8 +754,8 @@ def connect(socket: Optional[SocketPath] = None, *,
             it came from: socket=, $DSPK_SOCKET or the default); no file descriptor for the socket or the wake-up pair
             (EMFILE, ENFILE); other OSErrors of making them as python.md's Errors
             says (never a bare OSError).
-        dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
-            path or name holding a NUL character.
+        dspk.InvalidArgument: a parameter of another type, timeout <= 0, a socket
+            path or name holding a NUL character, or a socket "@" with no name.
         dspk.LimitExceeded, dspk.PermissionDenied: the daemon refused the connection
             (max_clients or max_user_clients; allow_users/allow_groups), with its
             reason.
@@ -2376,6 +2398,9 @@ class Client:
         too_long = _socket_path_error(self._socket_path, socket is not None)
         if too_long is not None:
             raise too_long
+        # "@name": the abstract socket name (a leading '@', as systemd's
+        # ListenStream=@name and ss print it; the same rule as libdspkclient's).
+        self._address = _address(self._socket_path)
         # Every descriptor made here is held by an object that closes it when collected
         # (the socket, the wake-up socket pair below): one that an interruption drops
         # before it is stored is closed with it.  Whatever fails or is interrupted (a
@@ -2404,7 +2429,7 @@ class Client:
         timeout = self.timeout
         try:
             if timeout is None:
-                sock.connect(self._socket_path)
+                sock.connect(self._address)
             else:
                 self._connect_before(sock, time.monotonic() + timeout)
         except BaseException as e:
@@ -2414,6 +2439,14 @@ class Client:
             if isinstance(e, TimeoutError):
                 raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
                                       "no connections)" % (self._socket_path, timeout)) \
+                    from None
+            if _is_abstract(self._socket_path):
+                raise _errors.ConnectError(
+                    "cannot connect to dspkd at %s: %s (an abstract socket: a leading '@' "
+                    "names the abstract namespace)"
+                    % (self._socket_path,
+                       "no daemon listens on this abstract name"
+                       if isinstance(e, ConnectionRefusedError) else e.strerror or e)) \
                     from None
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s%s"
                                        % (self._socket_path, e.strerror or e,
@@ -2582,7 +2615,7 @@ class Client:
         pause = 0.001
         while True:
             try:
-                sock.connect(self._socket_path)
+                sock.connect(self._address)
                 break
             except (BlockingIOError, InterruptedError):
                 left = deadline - time.monotonic()

@@ -190,6 +190,50 @@ def test_connect_error(tmp_path):
     assert isinstance(e.value, ConnectionError)
 
 
+def test_connect_to_an_abstract_socket(tmp_path, monkeypatch):
+    """A daemon that socket activation passes an abstract socket (ListenStream=@name,
+    systemd.md) is reached by connect("@name") and by $DSPK_SOCKET=@name: a leading
+    '@' names the abstract namespace (python.md), as for libdspkclient and dspk-submit.
+    It was taken as a file path ("No such file or directory"; probe 17, E 1)."""
+    import dspk_daemon
+    name = "dspk-py-abstract-%d" % os.getpid()
+    args = [os.environ["DSPKD"], "--foreground", "--config", "", "--backends", "cpu",
+            "--no-cache", "--log-level", "info"]
+    proc = dspk_daemon.activate(args, "@" + name, TIMEOUT,
+                                env={"RUNTIME_DIRECTORY": str(tmp_path)})
+    if proc is None:
+        pytest.skip("systemd-socket-activate missing")
+    try:
+        with dspk.connect("@" + name, name="abstract", timeout=TIMEOUT) as c:
+            assert c.socket_path == "@" + name
+            assert c.ping() > 0
+            assert c.status()["daemon"]["socket"] == "@" + name
+            x = np.arange(6, dtype=np.float32)
+            np.testing.assert_array_equal(c.map("add", x, x), x + x)
+        monkeypatch.setenv("DSPK_SOCKET", "@" + name)
+        with dspk.connect(timeout=TIMEOUT) as c:
+            assert c.ping() > 0
+        monkeypatch.delenv("DSPK_SOCKET")
+        # Nothing listens on another name: the error says which form was taken.
+        with pytest.raises(dspk.ConnectError) as e:
+            dspk.connect("@" + name + "-none")
+        assert e.value.message == (
+            "cannot connect to dspkd at @%s-none: no daemon listens on this abstract name "
+            "(an abstract socket: a leading '@' names the abstract namespace)" % name)
+        with pytest.raises(dspk.InvalidArgument) as e:
+            dspk.connect("@")
+        assert "abstract socket name after '@' is empty" in e.value.message
+        # "./@x" is the file @x, never the abstract name.
+        with pytest.raises(dspk.ConnectError) as e:
+            dspk.connect("./@" + name)
+        assert e.value.message.endswith(": No such file or directory"), e.value.message
+    finally:
+        rc = dspk_daemon.stop(proc, TIMEOUT)
+        log = proc.stderr.read().decode()
+    assert rc == 0, log
+    assert "info: listening on @%s (socket activation)" % name in log, log
+
+
 def test_connect_to_a_path_that_is_no_socket_or_too_long(tmp_path, monkeypatch, daemon):
     """connect() gave bare OS strings where libdspkclient and dspk-submit explain: a
     regular file or a directory was "Connection refused" (as if no daemon ran), a path

@@ -1471,9 +1471,11 @@ def paths(exe, submit, tmp):
     os.mkdir(tmp)
     base = ["--config", "", "--backends", "cpu", "--no-cache"]
     for where, args, conf in (("option", ["--job-state", "rel.jobs"], None),
-                              ("file", [], "[daemon]\nsocket = rel.sock\n")):
+                              ("file", [], "[daemon]\nsocket = %s\n")):
         start = os.path.join(tmp, where)
         os.mkdir(start)
+        if conf:  # the file's paths are absolute (below)
+            conf %= os.path.join(start, "rel.sock")
         log = os.path.join(start, "dspkd.log")
         cmd = [exe] + (["--socket", "rel.sock"] if not conf else []) + base + args
         if conf:
@@ -1539,14 +1541,21 @@ def paths(exe, submit, tmp):
               ("%s:2: job_state: expected an absolute path, got \"rel.jobs\"" % cfg) in p.stderr
               and not os.path.exists(sock) and not os.path.exists(os.path.join(tmp, "rel.jobs")),
               "a relative job_state in the file, %r: %r" % (args, p))
-    # So is, by --end-job, the default state file of a relative socket the file names.
-    with open(cfg, "w") as f:
-        f.write("[daemon]\nsocket = rel.sock\n")
-    p = subprocess.run([exe, "--config", cfg, "--end-job", "5"], capture_output=True,
-                       text=True, timeout=TIMEOUT, cwd=tmp)
-    check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
-          "%s: socket is relative (rel.sock) and job_state is unset" % cfg in p.stderr,
-          "--end-job, a relative socket in the file: %r" % (p,))
+    # So is a relative socket or cache in the file (every path of the file is absolute,
+    # dspk.conf(5)), at start and by --end-job (it was taken from the start directory,
+    # and --end-job refused the file for want of the state file's directory).
+    for key, rel in (("socket", "rel.sock"), ("cache", "rel.db")):
+        with open(cfg, "w") as f:
+            f.write("[daemon]\n%s = %s\n" % (key, rel))
+        for args in (["--foreground", "--socket", sock], ["--end-job", "5"]):
+            p = subprocess.run([exe, "--config", cfg] + args, capture_output=True, text=True,
+                               timeout=TIMEOUT, cwd=tmp)
+            check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+                  ("%s:2: %s: expected an absolute path" % (cfg, key)) in p.stderr and
+                  ('got "%s" (a relative path would be the directory dspkd started in)' % rel)
+                  in p.stderr and not os.path.exists(sock) and
+                  not os.path.exists(os.path.join(tmp, rel)),
+                  "a relative %s in the file, %r: %r" % (key, args, p))
     notdir = os.path.join(tmp, "plain")
     open(notdir, "w").close()
     for state, why in ((os.path.join(tmp, "typo", "d.jobs"), "directory %s: No such file or "

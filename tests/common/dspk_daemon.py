@@ -118,3 +118,32 @@ def run_as(uid, gid, fn):
     if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
         raise AssertionError("the child as uid %d failed (status %d)" % (uid, status))
     return msgpack.unpackb(data)
+
+
+def activate(args, address, timeout, env=None):
+    """Runs the dspkd command line args under systemd-socket-activate, listening on
+    address (a path, or "@name" for an abstract socket, as systemd's ListenStream=
+    takes it); env: variables passed to dspkd (with the sanitizers' options of this
+    process).  Returns the activator's process once it listens (dspkd is executed
+    in its place at the first connection; its log is the process's stderr, a pipe:
+    read it with proc.stderr.read() after the stop), or None when
+    systemd-socket-activate is missing."""
+    import shutil
+    sa = shutil.which("systemd-socket-activate") or "/usr/bin/systemd-socket-activate"
+    if not os.path.exists(sa):
+        return None
+    cmd = [sa, "-l", address]
+    e = dict(env or {})
+    for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+        if v in os.environ:
+            e.setdefault(v, os.environ[v])
+    for k, v in e.items():
+        cmd += ["-E", "%s=%s" % (k, v)]
+    proc = subprocess.Popen(cmd + list(args), stderr=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stderr], [], [], timeout)
+    first = proc.stderr.readline().decode() if ready else ""
+    if not first.startswith("Listening on"):
+        proc.kill()
+        proc.wait()
+        raise AssertionError("systemd-socket-activate did not listen: %r" % first)
+    return proc

@@ -954,6 +954,44 @@ def t_logstall(exe, tmp):
     check(re.search(r"info: stopped\n$", text), "the last line, written at exit:\n" + text[-500:])
 
 
+def t_loglevels(exe, tmp):
+    """The levels admin.md "Logs" and dspkd(8) LOGGING give a client's failures: a
+    failed task, a refused admin request and a connection closed for breaking the
+    protocol are notices (at most 10 a minute per uid); any other failed request
+    (a bad argument, an unknown method or buffer) is answered to the client and
+    logged at debug only, unlimited, never counted against that rate (the pages
+    said every failed request was a notice: probe 17, E 3)."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    bad = [("no.such", None, "ENOMETHOD"), ("buffer.read", {"buffer": 12345}, "ENOBUF"),
+           ("buffer.create", {"size": -1}, "EINVAL"), ("buffer.free", {"buffer": 777},
+                                                        "ENOBUF")] * 3
+    got = [c.outcome(c.send(m, a)) for m, a, _ in bad]
+    check(got == [e for _, _, e in bad], "the failures answered: %r" % got)
+    task = {"op": "map", "device": "cuda:9", "inputs": [tensor(np.ones(3, np.float32))],
+            "options": {"fn": "abs"}}
+    check(c.outcome(c.send("task.run", task)) == "ENODEV", "the failed task answered")
+    # A protocol break: a request that is no msgpack array closes the connection.
+    p = d.client()
+    p.sock.sendall(msgpack.packb({"not": "a request"}))
+    p.expect_eof()
+    check(c.call("ping", {"data": b"z"})["data"] == b"z", "still served")
+    c.close()
+    d.stop()
+    text = d.logtext()
+    for m, _, e in bad:
+        lines = re.findall(r"^dspkd\[\d+\]: (\w+): client \d+: %s #\d+: %s: " % (
+            re.escape(m), e), text, re.M)
+        check(lines == ["debug"] * 3, "%s %s: three debug lines, got %r:\n%s"
+              % (m, e, lines, text[-3000:]))
+    check(re.search(r"^dspkd\[\d+\]: notice: task failed: device=cuda:9 op=map ", text, re.M),
+          "the failed task at notice:\n" + text[-3000:])
+    check(re.search(r"^dspkd\[\d+\]: notice: client \d+ \(pid \d+ uid \d+ gid \d+\): .*"
+                    r"closing the connection", text, re.M),
+          "the protocol break at notice:\n" + text[-3000:])
+    check("more than 10 lines" not in text, "12 debug lines are not rate-limited notices")
+
+
 def t_disconnect(exe, tmp):
     d = Daemon(exe, tmp)
     good = d.client()
@@ -5508,6 +5546,7 @@ GROUPS = {
     "fairness": t_fairness,
     "turnmsgs": t_turnmsgs,
     "logstall": t_logstall,
+    "loglevels": t_loglevels,
     "planstep": t_planstep,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,

@@ -340,6 +340,74 @@ def t_activation(exe, tmp):
           "bad passed fd refused: %r" % q.stderr)
 
 
+def t_abstract(exe, tmp):
+    """A daemon on an activated abstract socket (ListenStream=@name, systemd.md) is
+    reached by dspk-submit -S @name and $DSPK_SOCKET=@name, through libdspkclient:
+    a leading '@' names the abstract namespace (protocol.md, cli.md).  The log and
+    status name the address as @name (they said "(activated socket, fd 3)").  The
+    clients took @name for a file (ECONNECT "No such file or directory"; probe 17,
+    E 1).  dspkd binds no abstract socket itself: --socket @name without
+    activation is refused, exit 2 and one line."""
+    submit = os.environ.get("DSPK_SUBMIT") or os.path.join(
+        os.path.dirname(os.path.dirname(exe)), "client", "submit", "dspk-submit")
+    if not os.access(submit, os.X_OK):
+        print("skip: no dspk-submit beside %s (set DSPK_SUBMIT)" % exe)
+        sys.exit(77)
+    name = "dspk-test-abstract-%d" % os.getpid()
+    args = [exe, "--foreground", "--backends", "cpu", "--config", "", "--no-cache",
+            "--log-level", "info"]
+    p = dspk_daemon.activate(args, "@" + name, TIMEOUT, env={"RUNTIME_DIRECTORY": tmp})
+    if p is None:
+        print("skip: systemd-socket-activate missing")
+        sys.exit(77)
+
+    def run(cmd, env=None):
+        e = dict(os.environ)
+        e.pop("DSPK_SOCKET", None)
+        e.update(env or {})
+        q = subprocess.run([submit] + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=e, timeout=TIMEOUT)
+        return q.returncode, q.stdout.decode(), q.stderr.decode()
+
+    try:
+        rc, out, err = run(["-S", "@" + name, "ping"])
+        check(rc == 0, "ping -S @name: %d %r %r" % (rc, out, err))
+        rc, out, err = run(["status", "--json"], {"DSPK_SOCKET": "@" + name})
+        check(rc == 0, "status with $DSPK_SOCKET=@name: %d %r" % (rc, err))
+        import json
+        check(json.loads(out)["daemon"]["socket"] == "@" + name,
+              "status names the abstract socket: %r" % out[:300])
+        # Nothing on another name: the error names the form.
+        rc, out, err = run(["-S", "@%s-none" % name, "ping"])
+        check(rc != 0 and ("cannot connect to @%s-none: no daemon listens on this abstract "
+                           "name (an abstract socket: a leading '@' names the abstract "
+                           "namespace)" % name) in err, "no such abstract name: %r" % err)
+        rc, out, err = run(["-S", "@", "ping"])
+        check(rc != 0 and "abstract socket name after '@' is empty" in err,
+              "a lone @: %d %r" % (rc, err))
+    finally:
+        rc = dspk_daemon.stop(p, TIMEOUT)
+        text = p.stderr.read().decode()
+    check(rc == 0, "exit 0 after SIGTERM, got %r:\n%s" % (rc, text))
+    check("info: listening on @%s (socket activation)\n" % name in text,
+          "the log names the abstract address:\n" + text)
+    # Not activated: dspkd does not bind an abstract socket.
+    for how in ("--socket", "env"):
+        e = dict(os.environ)
+        cmd = [exe, "--foreground", "--backends", "cpu", "--config", "", "--no-cache"]
+        if how == "env":
+            e["DSPK_SOCKET"] = "@" + name
+        else:
+            cmd += ["--socket", "@" + name]
+        q = subprocess.run(cmd, stderr=subprocess.PIPE, env=e, timeout=TIMEOUT)
+        err = q.stderr.decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        want = "%s @%s: an abstract socket (@NAME) is served only when socket activation " \
+            "passes it" % ("--socket" if how == "--socket" else "$DSPK_SOCKET", name)
+        check(q.returncode == 2 and len(lines) == 1 and want in lines[0],
+              "%s @name refused: %d %r" % (how, q.returncode, err))
+
+
 def t_ownfiles(exe, tmp):
     """The Slurm jobs' state file is none of the daemon's other files: a
     job_state that is the socket, the cache, one of SQLite's files beside it
@@ -1083,6 +1151,18 @@ def t_reload(exe, tmp):
     check(lim["max_inflight"] == 50, "kept: %r" % lim)
     check("%s: refusing the configuration file: it is writable by group or others (mode 0646)"
           % conf in d.logtext(), "logged:\n" + d.logtext())
+    # daemon.reload answers a refused file EINVAL, as an invalid one (the start's
+    # exit status 2): no read failed (it was EIO, "a read error": probe 17, E 4).
+    for mode in (0o646, 0o666):
+        os.chmod(conf, mode)
+        try:
+            c.call("daemon.reload")
+            check(False, "mode %o: the reload refused" % mode)
+        except RpcError as e:
+            check(e.name == "EINVAL" and e.err.get("message", "").startswith(
+                "%s: refusing the configuration file: it is writable by group or others "
+                "(mode 0%o)" % (conf, mode)), "mode %o: EINVAL: %s" % (mode, e))
+        n.until(lambda m: m.get("READY") == "1", "READY=1 after daemon.reload")
     os.chmod(conf, 0o644)
     # The file replaced by a directory (it was read as an empty file: every
     # setting back to its default, "configuration reloaded"): refused too.
@@ -1541,6 +1621,52 @@ def t_config(exe, tmp):
 
     start_fail("[limits]\nmax_clients = 4\nmax_cliens = 5\n",
                '%(f)s:3: unknown key "max_cliens" in [limits]')
+    # Every path of the file is absolute, as job_state's is (dspk.conf(5)): a
+    # relative cache or socket was the start directory's, logged relative, and a
+    # daemon whose epilog refuses the same file (probe 17, E 5).
+    start_fail("[daemon]\ncache = relative.db\n", '%(f)s:2: cache: expected an absolute path '
+               'or :memory:, got "relative.db" (a relative path would be the directory dspkd '
+               'started in)')
+    start_fail("[daemon]\nsocket = rel.sock\n", '%(f)s:2: socket: expected an absolute path '
+               'or @NAME (an abstract socket), got "rel.sock" (a relative path would be the '
+               'directory dspkd started in)')
+    start_fail("[daemon]\njob_state = rel.jobs\n", '%(f)s:2: job_state: expected an absolute '
+               'path, got "rel.jobs"')
+    # A list names each item once (its repeat was taken in silence, and
+    # raw_kernels' warning then logged once per repeat: probe 17, E 6).
+    start_fail("[daemon]\nbackends = cpu,vulkan,cpu\n", '%(f)s:2: backends: expected each '
+               'backend once; got "cpu" twice in "cpu,vulkan,cpu"')
+    start_fail("[daemon]\nraw_kernels = vulkan:0,cuda:1,vulkan:0\n", '%(f)s:2: raw_kernels: '
+               'expected each device once; got "vulkan:0" twice in "vulkan:0,cuda:1,vulkan:0"')
+    for opt, val, want in (("--backends", "cpu,cpu", 'expected each backend once; got "cpu" '
+                            'twice in "cpu,cpu"'),
+                           ("--raw-kernels", "cuda:0,cuda:0", 'expected each device once; got '
+                            '"cuda:0" twice')):
+        q = subprocess.run([exe, "--foreground", "--config", "", opt, val, "--socket",
+                            os.path.join(tmp, "never.sock")], stderr=subprocess.PIPE,
+                           timeout=TIMEOUT)
+        err = q.stderr.decode()
+        check(q.returncode == 2 and len(err.splitlines()) == 1 and
+              ("error: %s: %s" % (opt, want)) in err, "%s %s: %d %r" % (opt, val, q.returncode,
+                                                                       err))
+    # A user quota above max_clients never applies: a warning at start and at a
+    # reload, naming both (it was silent).
+    wconf = os.path.join(tmp, "quota.conf")
+    write(wconf, "[limits]\nmax_clients = 4\nmax_user_clients = 8\n")
+    want = ("warn: %s: max_user_clients 8 is more than max_clients 4: one user is bounded by "
+            "max_clients alone (give max_user_clients 4 or less)\n" % wconf)
+    d = Daemon(exe, tmp, config=wconf, sock=os.path.join(tmp, "quota.sock"))
+    check(d.logtext().count(want) == 1, "warned at start:\n" + d.logtext())
+    write(wconf, "[limits]\nmax_clients = 6\nmax_user_clients = 6\n")
+    c = d.client()
+    c.call("daemon.reload")
+    check(d.logtext().count(want) == 1 and "more than max_clients 6" not in d.logtext(),
+          "max_user_clients = max_clients: no warning:\n" + d.logtext())
+    write(wconf, "[limits]\nmax_clients = 4\nmax_user_clients = 8\n")
+    c.call("daemon.reload")
+    check(d.logtext().count(want) == 2, "warned at the reload:\n" + d.logtext())
+    c.close()
+    d.stop()
     start_fail("# comment\n[limits]\nmax_depth = 2\n", "%(f)s:3: max_depth: expected an integer")
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
@@ -1655,7 +1781,8 @@ def t_config(exe, tmp):
     # no_cache = no with a cache is no conflict (good.conf below).
     start_fail("[daemon]\nno_cache = yes\ncache = %s/zz.db\n" % tmp,
                "%(f)s:3: cache and no_cache = yes (line 2) both given (give one)")
-    start_fail("[daemon]\ncache = zz.db\n[limits]\nmax_clients = 3\n[daemon]\nno_cache = on\n",
+    start_fail("[daemon]\ncache = %s/zz.db\n[limits]\nmax_clients = 3\n[daemon]\nno_cache = on\n"
+               % tmp,
                "%(f)s:6: no_cache = on and cache (line 2) both given (give one)")
     check(not os.path.exists(os.path.join(tmp, "zz.db")), "no cache file made")
     # An empty cache is a bad value, as every empty value of the file but
@@ -2062,6 +2189,26 @@ def t_policy(exe, tmp):
               "%s is a name, warned of:\n%s" % (word, log))
         got = as_user(d.sock, nobody, "ping")
         check(got == ["notify:protocol.error:EPERM"], "%s admits no one: %r" % (word, got))
+    # A name of any length is looked up (a directory service's may be long): one
+    # of 64 bytes or more was "name too long", a refused reload and start
+    # (probe 17, E 2), where the documented rule is the warning.
+    long_u, long_g = "u" * 64, "g" * 150
+    n = len(d.logtext())
+    write(conf, "[policy]\nallow_users = %s,nobody\nadmin_groups = %d,%s\n"
+          % (long_u, nobody, long_g))
+    check(root.call("daemon.reload") == {"reloaded": True}, "long names: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (long names)")
+    log = d.logtext()[n:]
+    check('warn: %s:2: allow_users: no such user "%s": such a name admits no one' % (
+          conf, long_u) in log and
+          'warn: %s:3: admin_groups: no such group "%s"' % (conf, long_g) in log,
+          "long names are warned of:\n" + log)
+    check(as_user(d.sock, nobody, "ping") == ["ok"], "long names: the other entries apply")
+    lst = Daemon(exe, tmp, ["--config", conf, "--no-cache"], sock=os.path.join(tmp, "ls.sock"))
+    check('allow_users: no such user "%s"' % long_u in lst.logtext(),
+          "long name warned at start:\n" + lst.logtext())
+    lst.proc.send_signal(signal.SIGTERM)
+    check(lst.wait() == 0, "exit 0")
     write(conf, "[policy]\nallow_users = no-such-user-here\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "only a stale name: reloaded")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (only a stale name)")
@@ -2073,6 +2220,13 @@ def t_policy(exe, tmp):
           "warned at start:\n" + st.logtext())
     st.proc.send_signal(signal.SIGTERM)
     check(st.wait() == 0, "exit 0")
+    # An admin must pass the allow lists too: admin_users adds admins among those
+    # admitted, it admits no one (dspk.conf(5), admin.md: probe 17, E 7).
+    write(conf, "[policy]\nallow_users = root\nadmin_users = nobody\n")
+    check(root.call("daemon.reload") == {"reloaded": True}, "admin not allowed: reloaded")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (admin not allowed)")
+    got = as_user(d.sock, nobody, "ping")
+    check(got == ["notify:protocol.error:EPERM"], "an admin the allow lists leave out: %r" % got)
     write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
     check(root.call("daemon.reload") == {"reloaded": True}, "back")
     d.notify.until(lambda m: m.get("READY") == "1", "READY=1 (back)")
@@ -2339,6 +2493,7 @@ def t_cycles(exe, tmp, count=200):
 GROUPS = {
     "notify": t_notify,
     "activation": t_activation,
+    "abstract": t_abstract,
     "sigterm": t_sigterm,
     "sockreplaced": t_sockreplaced,
     "ownfiles": t_ownfiles,
