@@ -36,31 +36,54 @@ int dspk__cpu_scale_exp(double m, int dbl) {
 /* The magnitudes are compared as the integers of their bits without the
  * sign bit (the order of non-negative IEEE values, NaN above inf), so the
  * loop is an integer max, which vectorises without -ffast-math (a float max
- * does not: its NaN and -0 rules). */
+ * does not: its NaN and -0 rules), in SCAN_LANES accumulators so that it is
+ * not bound by the latency of one.  On x86-64 it is built for AVX2 and for
+ * the baseline (SSE2), the loader picking one by the CPU (as reduce.c's
+ * sums): 2^21 f32 (a c64 batch of 1024 rows of 1024) took 0.15 ms with
+ * AVX2 on the development VM, 0.45 ms with SSE2 (0.9 ms with SSE2 and one
+ * accumulator), against 1.5 ms for the transform. */
+#define SCAN_LANES 8
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SCAN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SCAN_CLONES
+#endif
+
+#define DEFINE_MAX_BITS(NAME, T, MASK)                                         \
+  SCAN_CLONES static T NAME(const unsigned char *p, int64_t n) {               \
+    T m[SCAN_LANES] = {0}, r = 0;                                              \
+    int64_t i = 0;                                                             \
+    for (; i + SCAN_LANES <= n; i += SCAN_LANES)                               \
+      for (int k = 0; k < SCAN_LANES; k++) {                                   \
+        T u;                                                                   \
+        memcpy(&u, p + sizeof(T) * (size_t)(i + k), sizeof u);                 \
+        u &= MASK;                                                             \
+        m[k] = u > m[k] ? u : m[k];                                            \
+      }                                                                        \
+    for (; i < n; i++) {                                                       \
+      T u;                                                                     \
+      memcpy(&u, p + sizeof(T) * (size_t)i, sizeof u);                         \
+      u &= MASK;                                                               \
+      r = u > r ? u : r;                                                       \
+    }                                                                          \
+    for (int k = 0; k < SCAN_LANES; k++)                                       \
+      r = m[k] > r ? m[k] : r;                                                 \
+    return r;                                                                  \
+  }
+
+DEFINE_MAX_BITS(max_bits32, int32_t, INT32_MAX)
+DEFINE_MAX_BITS(max_bits64, int64_t, INT64_MAX)
+
 double dspk__cpu_absmax(const void *v, int64_t n, int dbl) {
   if (dbl) {
-    const unsigned char *p = v;
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; i++) {
-      int64_t u;
-      memcpy(&u, p + 8 * i, 8);
-      u &= INT64_MAX;
-      m = u > m ? u : m;
-    }
+    int64_t m = max_bits64(v, n);
     double d;
-    memcpy(&d, &m, 8);
+    memcpy(&d, &m, sizeof d);
     return d;
   }
-  const unsigned char *p = v;
-  int32_t m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    int32_t u;
-    memcpy(&u, p + 4 * i, 4);
-    u &= INT32_MAX;
-    m = u > m ? u : m;
-  }
+  int32_t m = max_bits32(v, n);
   float f;
-  memcpy(&f, &m, 4);
+  memcpy(&f, &m, sizeof f);
   return f;
 }
 
