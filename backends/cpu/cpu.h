@@ -170,6 +170,28 @@ void dspk__cpu_fft_wisdom_flush(struct dspk__dev *dev);
 /* 1 when p has the alignment FFTW's SIMD plans want. */
 int dspk__cpu_fft_aligned(int dbl, const void *p);
 
+/* Power-of-two scaling of the data of FFTW's transforms (scale.c): data
+ * whose largest magnitude lies outside [2^-E, 2^E], E = DSPK__CPU_SCALE_EXP
+ * (60 for f32 and c64, 900 for f64 and c128), are transformed multiplied by
+ * 2^dspk__cpu_scale_exp() and the results multiplied back, so that neither
+ * subnormal data lose bits in the intermediates nor huge data overflow
+ * there.  Inside that range the intermediates stay well inside the normal
+ * range (lengths below 2^31) and nothing is scaled. */
+#define DSPK__CPU_SCALE_EXP(DBL) ((DBL) ? 900 : 60)
+/* The e such that m * 2^e lies in [1/2, 1), or 0 where m is 0, not finite,
+ * or inside [2^-DSPK__CPU_SCALE_EXP, 2^DSPK__CPU_SCALE_EXP]. */
+int dspk__cpu_scale_exp(double m, int dbl);
+/* The largest magnitude among n floats (dbl 0) or doubles, a NaN larger
+ * than any (so a row with a NaN or an infinity gives a non-finite value,
+ * and dspk__cpu_scale_exp() 0). */
+double dspk__cpu_absmax(const void *v, int64_t n, int dbl);
+/* v[i] *= 2^e for n floats (dbl 0) or doubles, each rounded once (through
+ * the subnormals). */
+void dspk__cpu_scale2(void *v, int64_t n, int dbl, int e);
+/* x * 2^e, rounded once to R (float or double). */
+#define DSPK__CPU_SCALE2(DBL, R, v, e)                                         \
+  ((DBL) ? (R)ldexp((double)(v), (e)) : (R)ldexpf((float)(v), (e)))
+
 /* Process-wide lock around FFTW's planner (not thread-safe): plan creation,
  * destruction and wisdom import/export must hold it. */
 void dspk__cpu_fftw_lock(void);

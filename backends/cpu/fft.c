@@ -807,6 +807,75 @@ int dspk__cpu_fft_aligned(int dbl, const void *p) {
              : fftwf_alignment_of((float *)p) == 0;
 }
 
+/* The inverse's 1/n, on the m values of po. */
+static void normalise(void *po, int64_t m, int dbl, int64_t n) {
+  if (dbl) {
+    double *f = po, s = 1.0 / (double)n;
+    for (int64_t i = 0; i < m; i++)
+      f[i] *= s;
+  } else {
+    float *f = po, s = (float)(1.0 / (double)n);
+    for (int64_t i = 0; i < m; i++)
+      f[i] *= s;
+  }
+}
+
+/* The power of two row i of the chunk at pi is transformed scaled by
+ * (dspk__cpu_scale_exp: 0 for ordinary rows). */
+static int row_exp(const char *pi, int64_t i, int64_t vals, int dbl) {
+  size_t rs = dbl ? 8 : 4;
+  return dspk__cpu_scale_exp(dspk__cpu_absmax(pi + (size_t)(i * vals) * rs, vals, dbl), dbl);
+}
+
+/* Rows whose largest part lies outside [2^-E, 2^E] (DSPK__CPU_SCALE_EXP,
+ * as fir's FFT path): the transform of such a row is made again from the
+ * row multiplied by the power of two that puts that part in [1/2, 1), and
+ * multiplied back after (the inverse's 1/n applied first, so the result is
+ * rounded once to the subnormals).  Unscaled, a row of subnormal values
+ * loses the low bits of its intermediates (tens to hundreds of units of the
+ * smallest subnormal, growing with n), and one within a few times of the
+ * dtype's largest value overflows in them although its transform is in
+ * range.  The chunk of cb rows at pi was transformed into po already (for
+ * an in-place chunk, pi == po, the caller scaled those rows before the
+ * transform instead, see below); `from` is the first row that needs it.
+ * Runs each such row through a scaled copy and a plan of one row. */
+static int rescale_rows(struct dspk__dev *dev, int kind, int dbl, int64_t n, int64_t on,
+                        const char *pi, char *po, int64_t from, int64_t cb, int64_t ivals,
+                        struct dspk__opctx *ctx) {
+  size_t rs = dbl ? 8 : 4, ib = (size_t)ivals * rs;
+  void *tmp = dbl ? fftw_malloc(ib) : fftwf_malloc(ib);
+  int rc = 0;
+  if (!tmp)
+    return dspk__cpu_err(ctx, DSPK_ENOMEM, "fft: out of memory for a row of length %lld",
+                         (long long)n);
+  for (int64_t i = from; i < cb; i++) {
+    int e = row_exp(pi, i, ivals, dbl);
+    if (!e)
+      continue;
+    char *o = po + (size_t)(i * 2 * on) * rs;
+    void *plan = dspk__cpu_fft_plan(dev, kind, dbl, (int)n, 1, 0, dspk__cpu_fft_aligned(dbl, o));
+    if (!plan) {
+      rc = dspk__cpu_canceled(ctx) ? DSPK_ECANCELED
+                                   : dspk__cpu_err(ctx, DSPK_ENOMEM,
+                                                   "fft: FFTW could not plan a transform of "
+                                                   "length %lld",
+                                                   (long long)n);
+      break;
+    }
+    memcpy(tmp, pi + (size_t)i * ib, ib);
+    dspk__cpu_scale2(tmp, ivals, dbl, e);
+    dspk__cpu_fft_exec(kind, dbl, plan, tmp, o);
+    if (kind == DSPK__CPU_FFT_BWD)
+      normalise(o, 2 * on, dbl, n);
+    dspk__cpu_scale2(o, 2 * on, dbl, -e);
+  }
+  if (dbl)
+    fftw_free(tmp);
+  else
+    fftwf_free(tmp);
+  return rc;
+}
+
 int dspk__cpu_fft(struct dspk__dev *dev, struct dspk__op *op,
                   struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0];
@@ -818,6 +887,7 @@ int dspk__cpu_fft(struct dspk__dev *dev, struct dspk__op *op,
   int64_t n = X->shape[X->rank - 1];
   int64_t rows = dspk__tensor_numel(X) / n;
   int64_t on = Y->shape[Y->rank - 1];
+  int64_t ivals = cplx ? 2 * n : n; /* reals a row of X */
   size_t ies = dspk__dtype_size(X->dtype), oes = dspk__dtype_size(Y->dtype);
   int64_t chunk = CHUNK_ELEMS / n;
   if (chunk < 1)
@@ -832,27 +902,48 @@ int dspk__cpu_fft(struct dspk__dev *dev, struct dspk__op *op,
       return DSPK_ECANCELED;
     int64_t cb = rows - r < chunk ? rows - r : chunk;
     char *pi = in + r * n * ies, *po = out + r * on * oes;
+    int inplace = pi == po;
     int aligned = dspk__cpu_fft_aligned(dbl, pi) && dspk__cpu_fft_aligned(dbl, po);
-    void *plan = dspk__cpu_fft_plan(dev, kind, dbl, (int)n, (int)cb, pi == po, aligned);
-    if (!plan && dspk__cpu_canceled(ctx))
-      return DSPK_ECANCELED;
-    if (!plan)
+    /* The first row to be scaled (see rescale_rows), cb when none: one
+     * scan of the chunk, all that ordinary data pay. */
+    int64_t first = 0;
+    while (first < cb && !row_exp(pi, first, ivals, dbl))
+      first++;
+    /* In place, the rows are scaled before the transform overwrites them,
+     * and their exponents kept for after. */
+    int *ex = NULL;
+    if (inplace && first < cb) {
+      if (!(ex = calloc((size_t)cb, sizeof *ex)))
+        return dspk__cpu_err(ctx, DSPK_ENOMEM, "fft: out of memory for %lld rows",
+                             (long long)cb);
+      for (int64_t i = first; i < cb; i++)
+        if ((ex[i] = row_exp(pi, i, ivals, dbl)))
+          dspk__cpu_scale2(pi + i * n * ies, ivals, dbl, ex[i]);
+    }
+    void *plan = dspk__cpu_fft_plan(dev, kind, dbl, (int)n, (int)cb, inplace, aligned);
+    if (!plan) {
+      /* The rows scaled in place are the output's (their input is gone
+       * either way with the error). */
+      free(ex);
+      if (dspk__cpu_canceled(ctx))
+        return DSPK_ECANCELED;
       return dspk__cpu_err(ctx, DSPK_ENOMEM,
                            "fft: FFTW could not plan a transform of length %lld",
                            (long long)n);
+    }
     dspk__cpu_fft_exec(kind, dbl, plan, pi, po);
     dspk__cpu_fft_wisdom_flush(dev);
-    if (kind == DSPK__CPU_FFT_BWD) {
-      int64_t m = 2 * cb * n;
-      if (dbl) {
-        double *f = (double *)po, s = 1.0 / (double)n;
-        for (int64_t i = 0; i < m; i++)
-          f[i] *= s;
-      } else {
-        float *f = (float *)po, s = (float)(1.0 / (double)n);
-        for (int64_t i = 0; i < m; i++)
-          f[i] *= s;
-      }
+    if (kind == DSPK__CPU_FFT_BWD)
+      normalise(po, 2 * cb * n, dbl, n);
+    if (ex) {
+      for (int64_t i = first; i < cb; i++)
+        if (ex[i])
+          dspk__cpu_scale2(po + i * on * oes, 2 * on, dbl, -ex[i]);
+      free(ex);
+    } else if (first < cb) {
+      int rc = rescale_rows(dev, kind, dbl, n, on, pi, po, first, cb, ivals, ctx);
+      if (rc)
+        return rc;
     }
   }
   return 0;

@@ -13,7 +13,7 @@
  *    overflow inside the transforms) is computed again by the direct sum,
  *    and so is each output too small for the transforms' error bound (a
  *    row of wide dynamic range, see RANGE_MARGIN).  Subnormal or huge data
- *    go through the transforms scaled by a power of two (SCALE_EXP).
+ *    go through the transforms scaled by a power of two (scale.c).
  */
 #include <float.h>
 #include <math.h>
@@ -40,32 +40,16 @@
  * close to zero; a row of 1e20 next to 1 has its small outputs summed. */
 #define RANGE_MARGIN(DBL) ((DBL) ? 1048576.0 : 64.0)
 
-/* Data whose largest magnitude lies outside [2^-SCALE_EXP, 2^SCALE_EXP]
- * are scaled by an exact power of two into [1/2, 1) before the transforms
- * (the taps once a call, the samples a block at a time) and the block's
- * outputs back after: the transforms' intermediates of subnormal or nearly
- * subnormal data would otherwise lose their low bits to gradual underflow
- * (the 1/L of the inverse alone takes log2(L) of them), an absolute error of
- * hundreds to thousands of units of the smallest subnormal, far above the
- * eps log2(L) max|x| sum|h| the path is held to.  Inside that range nothing
- * is scaled, so the common data pay no ldexp: there the intermediates stay
- * well inside the normal range (L and K below 2^31) and clear of overflow. */
-#define SCALE_EXP(DBL) ((DBL) ? 900 : 60)
-
-/* The power of two e such that m * 2^e lies in [1/2, 1), or 0 where m is 0,
- * not finite, or already inside [2^-SCALE_EXP, 2^SCALE_EXP]. */
-static int scale_exp(double m, int dbl) {
-  int e;
-  if (!(m > 0) || !isfinite(m) ||
-      (m >= ldexp(1.0, -SCALE_EXP(dbl)) && m <= ldexp(1.0, SCALE_EXP(dbl))))
-    return 0;
-  frexp(m, &e);
-  return -e;
-}
-
-/* x * 2^e, rounded once (through the subnormals) to R. */
-#define SCALE2(DBL, R, v, e)                                                   \
-  ((DBL) ? (R)ldexp((double)(v), (e)) : (R)ldexpf((float)(v), (e)))
+/* Scaling (DSPK__CPU_SCALE_EXP, scale.c, shared with fft.c): data whose
+ * largest magnitude lies outside [2^-E, 2^E] are scaled by an exact power
+ * of two into [1/2, 1) before the transforms (the taps once a call, the
+ * samples a block at a time) and the block's outputs back after: the
+ * transforms' intermediates of subnormal or nearly subnormal data would
+ * otherwise lose their low bits to gradual underflow (the 1/L of the
+ * inverse alone takes log2(L) of them), an absolute error of hundreds to
+ * thousands of units of the smallest subnormal, far above the eps log2(L)
+ * max|x| sum|h| the path is held to.  Inside that range nothing is scaled,
+ * so the common data pay no ldexp. */
 
 /* Output samples per block of the direct loop. */
 #define DIRECT_BLOCK 2048
@@ -236,15 +220,15 @@ static int64_t good_size(int64_t n) {
       goto out;                                                                \
     }                                                                          \
     /* The filter's spectrum, scaled by 1/L for the unnormalised inverse   \
-     * (and by 2^eh, see SCALE_EXP). */                                        \
+     * (and by 2^eh, see DSPK__CPU_SCALE_EXP). */                              \
     memset(buf, 0, bb);                                                        \
     memcpy(buf, h, sizeof(R) * W * k);                                         \
     double hmax = 0;                                                           \
     for (int64_t i = 0; i < W * k; i++)                                        \
       hmax = fabs((double)h[i]) > hmax ? fabs((double)h[i]) : hmax;           \
-    int eh = scale_exp(hmax, DBL);                                             \
+    int eh = dspk__cpu_scale_exp(hmax, DBL);                                   \
     for (int64_t i = 0; eh && i < W * k; i++)                                  \
-      buf[i] = SCALE2(DBL, R, buf[i], eh);                                     \
+      buf[i] = DSPK__CPU_SCALE2(DBL, R, buf[i], eh);                           \
     dspk__cpu_fft_exec(fk, DBL, pf, buf, hs);                                  \
     for (int64_t i = 0; i < 2 * nh; i++)                                       \
       hs[i] *= (R)(1.0 / (double)L);                                           \
@@ -270,10 +254,10 @@ static int64_t good_size(int64_t n) {
         R mb = 0;                                                              \
         for (int64_t i = 0; i < e; i++)                                        \
           mb = fabs((double)xr[s0 * W + i]) > mb ? (R)fabs((double)xr[s0 * W + i]) : mb; \
-        int ex = scale_exp(mb, DBL);                                           \
+        int ex = dspk__cpu_scale_exp(mb, DBL);                                 \
         memcpy(buf, xr + s0 * W, sizeof(R) * W * len);                         \
         for (int64_t i = 0; ex && i < e; i++)                                  \
-          buf[i] = SCALE2(DBL, R, buf[i], ex);                                 \
+          buf[i] = DSPK__CPU_SCALE2(DBL, R, buf[i], ex);                       \
         memset(buf + len * W, 0, sizeof(R) * W * (L - len));                   \
         dspk__cpu_fft_exec(fk, DBL, pf, buf, spec);                            \
         for (int64_t i = 0; i < nh; i++) {                                     \
@@ -287,7 +271,7 @@ static int64_t good_size(int64_t n) {
         R *yo = yr + s0 * W;                                                   \
         if (ex + eh)                                                           \
           for (int64_t i = 0; i < m * W; i++)                                  \
-            yo[i] += SCALE2(DBL, R, buf[i], -(ex + eh));                       \
+            yo[i] += DSPK__CPU_SCALE2(DBL, R, buf[i], -(ex + eh));             \
         else                                                                   \
           for (int64_t i = 0; i < m * W; i++)                                  \
             yo[i] += buf[i];                                                   \

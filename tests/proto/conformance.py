@@ -2754,7 +2754,8 @@ def fft_large_rows(env):
 
 
 @case("task.run: inverse fft of a row of subnormal values within protocol.md's error "
-      "(fft row: cpu:0 about a unit of the smallest subnormal, Vulkan devices tens)")
+      "(fft row: cpu:0 about half a unit of the smallest subnormal, Vulkan devices up to N/2 "
+      "units)")
 def fft_subnormal_inverse(env):
     # vulkan:0 applies the inverse's 1/N within the transform: its error in
     # the subnormals is not divided by N as cpu:0's is (probe 16 B3); the
@@ -2781,6 +2782,123 @@ def fft_subnormal_inverse(env):
             tol = 2 if dev == "cpu:0" else 64
             check(err <= tol, "%s inverse fft %s of n=%d subnormal values: error %.2f units of "
                   "the smallest subnormal, more than %d" % (dev, dt, n, err, tol))
+    still_open(c)
+
+
+def fft_ref(x, _tw={}):
+    """The DFT of the list of complex x (mixed radix, in double): for rows of
+    integers of up to 700 within 1e-8 of the exact values at n = 65536."""
+    n = len(x)
+    if n == 1:
+        return list(x)
+    w = _tw.get(n)
+    if w is None:
+        w = _tw[n] = [complex(math.cos(2 * math.pi * k / n), -math.sin(2 * math.pi * k / n))
+                      for k in range(n)]
+    p = next(f for f in range(2, n + 1) if n % f == 0)
+    if p == n:
+        return [sum(x[j] * w[(j * k) % n] for j in range(n)) for k in range(n)]
+    m = n // p
+    subs = [fft_ref(x[r::p]) for r in range(p)]
+    if p == 2:
+        a, b = subs
+        out = [0j] * n
+        for k in range(m):
+            t = w[k] * b[k]
+            out[k], out[k + m] = a[k] + t, a[k] - t
+        return out
+    return [sum(subs[r][k % m] * w[(r * k) % n] for r in range(p)) for k in range(n)]
+
+
+@case("task.run: fft of rows of subnormal values within protocol.md's error, forward and "
+      "inverse, real and complex (fft row: cpu:0 half a unit of the smallest subnormal plus "
+      "the transform's rounding, Vulkan devices N/2 units); cpu:0's rows near "
+      "the largest value do not overflow")
+def fft_subnormal_rows(env):
+    # Rows of integers from -700 to 700 times the smallest subnormal (2^-149
+    # for f32 and c64, 2^-1074 for f64 and c128), in a batch with a row of
+    # the same integers times 1 (normal values, not scaled).  cpu:0 scales a
+    # row whose largest part is below 2^-60 (2^-900) by a power of two before
+    # the transform and back after, as fir's FFT path (probe 17 B1: the
+    # forward error grew from 2 units at N=16 to 300 at N=65536 before).
+    # Vulkan devices scale only Bluestein's rows (N=17 here): their error
+    # grows about in proportion to N for such rows (protocol.md states N/2).
+    # The reference: a DFT in double of the integers, exact to far below a
+    # unit; the real input's and the inverse's from the same one.
+    c = env.conn()
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    fmts = {"f32": ("f", 1, -149), "f64": ("d", 1, -1074),
+            "c64": ("f", 2, -149), "c128": ("d", 2, -1074)}
+    for n in (16, 17, 256, 1001, 4096, 65536):
+        a = [complex(((i * 7919 + 13) % 1401) - 700, ((i * i * 31 + 5) % 1401) - 700)
+             for i in range(n)]
+        b = [complex(((i * 104729 + 7) % 1401) - 700, ((i * 613 + 1) % 1401) - 700)
+             for i in range(n)]
+        fa, fb = fft_ref(a), fft_ref(b)
+        for dt, (fmt, w, ue) in fmts.items():
+            u = 2.0 ** (-24 if fmt == "f" else -53)
+            for inverse in ((False, True) if w == 2 else (False,)):
+                m = n if w == 2 else n // 2 + 1
+                # rows: a subnormal, b normal, b subnormal
+                rows = [(a, fa, ue), (b, fb, 0), (b, fb, ue)]
+                wants, flat = [], []
+                for x, fx, e in rows:
+                    if w == 2:
+                        want = [fx[(-k) % n] / n for k in range(n)] if inverse else fx
+                        flat += [math.ldexp(v, e) for z in x for v in (z.real, z.imag)]
+                    else:  # the DFT of the real parts: (X[k] + conj(X[-k])) / 2
+                        want = [(fx[k] + fx[(-k) % n].conjugate()) / 2 for k in range(m)]
+                        flat += [math.ldexp(z.real, e) for z in x]
+                    wants.append(want)
+                for dev in devs:
+                    r = c.ok("task.run", {"op": "fft", "device": dev, "inputs": [
+                        {"dtype": dt, "shape": [3, n],
+                         "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)}],
+                        "options": {"inverse": True} if inverse else {}})
+                    o = r["outputs"][0]
+                    check(o["shape"] == [3, m], "fft shape %r" % o["shape"])
+                    y = struct.unpack("<%d%s" % (6 * m, fmt), o["data"])
+                    for i, ((x, fx, e), want) in enumerate(zip(rows, wants)):
+                        err = max(max(abs(math.ldexp(y[2 * (i * m + k)], -e) - v.real),
+                                      abs(math.ldexp(y[2 * (i * m + k) + 1], -e) - v.imag))
+                                  for k, v in enumerate(want))
+                        name = "%s fft %s n=%d%s row %d" % (dev, dt, n,
+                                                            " inverse" if inverse else "", i)
+                        if e == 0:
+                            big = max(max(abs(v.real), abs(v.imag)) for v in want)
+                            tol = (64 * u * math.log2(n) + 1e-12) * big
+                            check(err <= tol, "%s (normal values): error %g of its largest "
+                                  "output %g" % (name, err, big))
+                            continue
+                        if dev == "cpu:0":
+                            # half a unit (the result's rounding) plus the transform's
+                            # rounding at the row's scale: ulps of its largest output
+                            big = max(max(abs(v.real), abs(v.imag)) for v in want)
+                            tol = 0.5 + 2 * u * math.log2(n) * big
+                        else:
+                            tol = n / 2
+                        check(err <= tol, "%s of subnormal values: error %.2f units of the "
+                              "smallest subnormal, more than %.2f" % (name, err, tol))
+    # cpu:0 scales a row whose largest part is above 2^60 (2^900) as well: an
+    # impulse near the largest value, whose transform is the constant of the
+    # impulse, overflowed in FFTW's intermediates (length 34 in f32).
+    for dt, (fmt, w, ue) in fmts.items():
+        top = 3e38 if fmt == "f" else 1.7e308
+        for n in (34, 64, 1000, 1009):
+            for inverse in ((False, True) if w == 2 else (False,)):
+                flat = [0.0] * (w * n)
+                flat[0] = top
+                r = c.ok("task.run", {"op": "fft", "device": "cpu:0", "inputs": [
+                    {"dtype": dt, "shape": [n],
+                     "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)}],
+                    "options": {"inverse": True} if inverse else {}})
+                m = n if w == 2 else n // 2 + 1
+                y = struct.unpack("<%d%s" % (2 * m, fmt), r["outputs"][0]["data"])
+                want = top / n if inverse else top
+                check(all(abs(y[2 * k] - want) <= 1e-6 * want and abs(y[2 * k + 1]) <= 1e-6 * want
+                          for k in range(m)),
+                      "cpu:0 fft %s%s of an impulse of %g, n=%d: %r, want %g everywhere"
+                      % (dt, " inverse" if inverse else "", top, n, y[:6], want))
     still_open(c)
 
 
