@@ -300,6 +300,56 @@ def strict_map(sdir, tmp, sock):
           "good map lines: %r" % (p,))
 
 
+def fake_smi(tmp, body):
+    """A fake nvidia-smi (sh) in tmp/smibin; returns the PATH that finds it first.  It
+    appends a line to tmp/smibin/calls each time it runs."""
+    d = os.path.join(tmp, "smibin")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "nvidia-smi"), "w") as f:
+        f.write("#!/bin/sh\necho \"$*\" >> %s/calls\n%s" % (d, body))
+    os.chmod(os.path.join(d, "nvidia-smi"), 0o755)
+    try:
+        os.unlink(os.path.join(d, "calls"))
+    except FileNotFoundError:
+        pass
+    return d + ":/usr/bin:/bin"
+
+
+def smi_calls(tmp):
+    try:
+        with open(os.path.join(tmp, "smibin", "calls")) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def nvidia_smi(sdir, tmp, sock):
+    """nvidia-smi's answer, for the indices the map file lacks, passes the map's checks:
+    a UUID field that is no UUID ([N/A], 40 hex digits) fails the prolog (exit 1) naming
+    nvidia-smi, the line, the index and the text, before dspk-submit runs (it was
+    dspk-submit's usage error about --devices, exit 2: probe 17 F1)."""
+    path = os.path.join(tmp, "smi-gpus")
+    with open(path, "w") as f:
+        f.write("0 %s\n" % UUID[0])
+    prolog = os.path.join(sdir, "prolog")
+    for out, err in (("0, [N/A]", '"[N/A]"'), ("0, " + "a" * 40, '"%s"' % ("a" * 40))):
+        env = fake_smi(tmp, "echo '%s'\n" % out.replace("0, ", "1, "))
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0,1", PATH=env)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: nvidia-smi's line 1: GPU index 1: %s is no GPU "
+              "UUID (expected hex digits and dashes, after an optional GPU- prefix)\n" % err,
+              "nvidia-smi answering %r: %r" % (out, p))
+    # Indices the file lacks come from nvidia-smi, asked once for all of them.
+    env = fake_smi(tmp, "echo '0, GPU-%s'; echo '1, GPU-%s'; echo '2, GPU-%s'\n"
+                   % (UUID[3], UUID[1], UUID[2]))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0,1,2", PATH=env)
+    out = p.args or []
+    check(p.returncode == 0 and p.stderr == "" and out[out.index("--devices") + 1] ==
+          "%s,GPU-%s,GPU-%s" % (UUID[0], UUID[1], UUID[2]) and
+          smi_calls(tmp) == ["--query-gpu=index,uuid --format=csv,noheader"],
+          "the map file, then nvidia-smi once: %r %r" % (p, smi_calls(tmp)))
+
+
 def answers(sdir, tmp, sock, fake):
     """An exit 0 is taken only with the answer for the job (outside probe 16 F1):
     dspk-submit's JSON (job.register's for the prolog, job.end's for the epilog), and,
@@ -427,6 +477,7 @@ def main():
         links(a, sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         gpu_map(sdir, tmp, sock)
         strict_map(sdir, tmp, sock)
+        nvidia_smi(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
