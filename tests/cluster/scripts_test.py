@@ -350,6 +350,33 @@ def nvidia_smi(sdir, tmp, sock):
           "the map file, then nvidia-smi once: %r %r" % (p, smi_calls(tmp)))
 
 
+def smi_hangs(sdir, tmp, sock):
+    """DSPK_PROLOG_TIMEOUT bounds nvidia-smi too: one that never answers (it opens a FIFO
+    no one writes) fails the prolog with exit 124 and one line naming it, and is killed
+    (probe 17 F2: the prolog hung with it).  The test waits on the prolog's exit."""
+    fifo = os.path.join(tmp, "smi.fifo")
+    os.mkfifo(fifo)
+    pidf = os.path.join(tmp, "smi.pid")
+    env = fake_smi(tmp, "echo $$ > %s\nexec cat %s\n" % (pidf, fifo))
+    path = os.path.join(tmp, "smi-hangs-gpus")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[0])
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path, PATH=env,
+            SLURM_JOB_GPUS="0", DSPK_PROLOG_TIMEOUT="1")
+    check(p.returncode == 124 and p.stdout == "" and p.args is None and
+          p.stderr == "dspk prolog: job 7: no answer from nvidia-smi within 1 s "
+          "(DSPK_PROLOG_TIMEOUT), asked for the UUID of GPU index 0; the job is not "
+          "registered\n", "a hung nvidia-smi: %r" % (p,))
+    with open(pidf) as f:
+        pid = int(f.read())
+    try:
+        os.kill(pid, 0)
+        gone = False
+    except ProcessLookupError:
+        gone = True
+    check(gone, "the hung nvidia-smi (pid %d) is killed" % pid)
+
+
 def answers(sdir, tmp, sock, fake):
     """An exit 0 is taken only with the answer for the job (outside probe 16 F1):
     dspk-submit's JSON (job.register's for the prolog, job.end's for the epilog), and,
@@ -478,6 +505,7 @@ def main():
         gpu_map(sdir, tmp, sock)
         strict_map(sdir, tmp, sock)
         nvidia_smi(sdir, tmp, sock)
+        smi_hangs(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
