@@ -377,6 +377,40 @@ def smi_hangs(sdir, tmp, sock):
     check(gone, "the hung nvidia-smi (pid %d) is killed" % pid)
 
 
+def one_uuid(sdir, tmp, sock):
+    """One UUID under two indices (a line copied and its index changed) fails the prolog
+    of a job with either index, naming both lines, in the map file and in nvidia-smi's
+    answer, and across them (probe 17 F4: a job given index 1 got index 0's GPU)."""
+    path = os.path.join(tmp, "one-uuid-gpus")
+    prolog = os.path.join(sdir, "prolog")
+    with open(path, "w") as f:
+        f.write("0 %s\n2 %s\n1 GPU-%s\n" % (UUID[0], UUID[2], UUID[0].upper()))
+    for gpus in ("1", "0", "0,1", "2,1"):
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS=gpus)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: %s:1 and %s:3: GPU indices 0 and 1 have one UUID "
+              "(%s and GPU-%s): keep the right line\n" % (path, path, UUID[0], UUID[0].upper()),
+              "SLURM_JOB_GPUS=%s, one UUID under 0 and 1: %r" % (gpus, p))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="2")
+    check(p.returncode == 0 and p.args[p.args.index("--devices") + 1] == UUID[2],
+          "an index whose UUID is its own: %r" % (p,))
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    env = fake_smi(tmp, "echo '0, GPU-%s'; echo '1, GPU-%s'\n" % (UUID[0], UUID[0]))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="1", PATH=env)
+    check(p.returncode == 1 and p.args is None and
+          p.stderr == "dspk prolog: job 7: nvidia-smi's lines 1 and 2: GPU indices 0 and 1 have "
+          "one UUID (GPU-%s and GPU-%s): keep the right one\n" % (UUID[0], UUID[0]),
+          "nvidia-smi, one UUID under 0 and 1: %r" % (p,))
+    # The map file's index 5 and nvidia-smi's index 1, one UUID.
+    env = fake_smi(tmp, "echo '1, GPU-%s'\n" % UUID[3])
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="5,1", PATH=env)
+    check(p.returncode == 1 and p.args is None and
+          p.stderr == "dspk prolog: job 7: GPU indices 5 and 1 have one UUID (%s from the map "
+          "%s, GPU-%s from nvidia-smi): two GPUs cannot be one; fix the map\n"
+          % (UUID[3], path, UUID[3]), "the map file and nvidia-smi, one UUID: %r" % (p,))
+
+
 def answers(sdir, tmp, sock, fake):
     """An exit 0 is taken only with the answer for the job (outside probe 16 F1):
     dspk-submit's JSON (job.register's for the prolog, job.end's for the epilog), and,
@@ -506,6 +540,7 @@ def main():
         strict_map(sdir, tmp, sock)
         nvidia_smi(sdir, tmp, sock)
         smi_hangs(sdir, tmp, sock)
+        one_uuid(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
