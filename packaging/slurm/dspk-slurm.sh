@@ -94,26 +94,41 @@ run_submit() {
   return "$rc"
 }
 
-# submit_capture WHY ARGS...: run_submit WHY ARGS... with LC_ALL=C (the
-# system's reasons in English), its standard output in ans, its standard
-# error (the timeout's line included) in err and its status in rc, so that
-# the script can check the answer before it takes an exit 0 for one.
-submit_capture() {
+# capture COMMAND...: COMMAND run with LC_ALL=C (the system's reasons in
+# English), its standard output in ans, its standard error in err and its
+# status in rc.
+capture() {
   nl='
 '
   all=$(exec 4>&1
     e=$(LC_ALL=C
       export LC_ALL
-      run_submit "$@" 2>&1 >&4 4>&-)
+      "$@" 2>&1 >&4 4>&-)
     r=$?
-    printf '\n@@dspk-submit exit %s\n%s' "$r" "$e")
-  ans=${all%%"$nl@@dspk-submit exit "*}
-  rest=${all#*"$nl@@dspk-submit exit "}
+    printf '\n@@dspk exit %s\n%s' "$r" "$e")
+  ans=${all%%"$nl@@dspk exit "*}
+  rest=${all#*"$nl@@dspk exit "}
   rc=${rest%%"$nl"*}
   case $rest in
     *"$nl"*) err=${rest#*"$nl"} ;;
     *) err= ;;
   esac
+}
+
+# submit_capture WHY ARGS...: capture run_submit WHY ARGS... (the timeout's
+# line in err), so that the script can check the answer before it takes an
+# exit 0 for one.
+submit_capture() {
+  capture run_submit "$@"
+}
+
+# one_line TEXT: TEXT's lines joined with "; ", blank ones dropped (a
+# command's output quoted in a message of one line).
+one_line() {
+  printf '%s\n' "$1" | LC_ALL=C awk '
+    { sub(/\r$/, ""); sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
+    NF { o = o (o == "" ? "" : "; ") $0 }
+    END { printf "%s", o }'
 }
 
 # answered WHAT [UID]: whether ans is dspk-submit's JSON answer (one line) to

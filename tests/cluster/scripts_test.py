@@ -350,6 +350,51 @@ def nvidia_smi(sdir, tmp, sock):
           "the map file, then nvidia-smi once: %r %r" % (p, smi_calls(tmp)))
 
 
+def smi_fails(sdir, tmp, sock):
+    """A failed nvidia-smi (exit status not 0) fails the prolog showing what it said (its
+    stderr, else its stdout, as nvidia-smi writes its errors), its output never taken for
+    a map; index lines the map file would refuse (two UUIDs for one index, index 00) fail
+    it too (probe 17 F3: the output of an exit 3 registered the job, an exit 9's reason
+    was dropped for "create a map file", the first of two UUIDs won, 00 was index 0)."""
+    path = os.path.join(tmp, "smi-fails-gpus")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    prolog = os.path.join(sdir, "prolog")
+    tail = (", asked for the UUID of GPU index 0; the job is not registered (fix nvidia-smi, "
+            "or map the index in %s)\n" % path)
+    for body, said in (
+            ("echo '0, GPU-%s'\nexit 3\n" % UUID[0], "exit 3: 0, GPU-%s" % UUID[0]),
+            ("echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+             "driver.\"\necho\necho '  Make sure that the latest driver is installed.'\nexit 9\n",
+             "exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+             "driver.; Make sure that the latest driver is installed."),
+            ("echo '0, GPU-%s'\necho 'Failed to initialize NVML: Driver/library version "
+             "mismatch' >&2\nexit 18\n" % UUID[0],
+             "exit 18: Failed to initialize NVML: Driver/library version mismatch"),
+            ("exit 2\n", "exit 2")):
+        env = fake_smi(tmp, body)
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0", PATH=env)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: nvidia-smi --query-gpu=index,uuid failed (%s)%s"
+              % (said, tail), "nvidia-smi %r: %r" % (body, p))
+    for body, err in (
+            ("echo '0, GPU-%s'; echo '0, GPU-%s'\n" % (UUID[0], UUID[1]),
+             "nvidia-smi's lines 1 and 2: GPU index 0 has two UUIDs (GPU-%s and GPU-%s): keep "
+             "the right one" % (UUID[0], UUID[1])),
+            ("echo '00, GPU-%s'\n" % UUID[0],
+             "nvidia-smi's line 1: \"00\" is no GPU index (expected \"INDEX, UUID\", INDEX "
+             "decimal digits without a leading zero)"),
+            ("echo '0, GPU-%s, x'\n" % UUID[0],
+             "nvidia-smi's line 1: GPU index 0 has more than one UUID or word after it "
+             "(expected \"INDEX, UUID\")"),
+            ("echo '0,'\n", "nvidia-smi's line 1: GPU index 0 without a UUID (expected "
+             "\"INDEX, UUID\")")):
+        env = fake_smi(tmp, body)
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0", PATH=env)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: %s\n" % err, "nvidia-smi %r: %r" % (body, p))
+
+
 def smi_hangs(sdir, tmp, sock):
     """DSPK_PROLOG_TIMEOUT bounds nvidia-smi too: one that never answers (it opens a FIFO
     no one writes) fails the prolog with exit 124 and one line naming it, and is killed
@@ -539,6 +584,7 @@ def main():
         gpu_map(sdir, tmp, sock)
         strict_map(sdir, tmp, sock)
         nvidia_smi(sdir, tmp, sock)
+        smi_fails(sdir, tmp, sock)
         smi_hangs(sdir, tmp, sock)
         one_uuid(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
