@@ -456,6 +456,64 @@ def one_uuid(sdir, tmp, sock):
           % (UUID[3], path, UUID[3]), "the map file and nvidia-smi, one UUID: %r" % (p,))
 
 
+# Texts and how the scripts' messages quote them (dspk.conf(5)'s rule, the same as
+# dspkd's for its configuration file), written out by hand.
+QUOTED = (
+    (b"0\x1b[2J", "0\\x1b[2J"),                  # ESC
+    (b"\x0c", "\\x0c"),                           # form feed
+    (b"\x7f0", "\\x7f0"),                         # DEL
+    (b"\xef\xbb\xbf0", "\\ufeff0"),                # a byte order mark
+    (b"0\xe2\x80\x8b", "0\\u200b"),                # zero-width space
+    (b"0\xe2\x80\xae1", "0\\u202e1"),              # right-to-left override
+    (b"\xc2\x850", "\\u00850"),                    # C1 NEXT LINE
+    (b"\xc2\xa00", "\\u00a00"),                    # no-break space
+    (b"0\\u200b", "0\\\\u200b"),                  # a backslash typed
+    (b"\xff0", "\\xff0"),                         # no UTF-8
+    (b"\xcc\x810", "\\u03010"),                    # a combining mark on nothing
+    (b"e\xcc\x81", "e\xcc\x81"),                    # one on a letter: as it is
+    (b"\xc3\xa9", "\xc3\xa9"),                       # a letter: as it is
+    (b"\xf3\xa0\x80\x81", "\\U000e0001"),           # a tag, above U+FFFF
+)
+
+
+def quoting(sdir, tmp, sock):
+    """Text from outside in the prolog's messages (a map file's line, nvidia-smi's error,
+    the map's path) is quoted by dspk.conf(5)'s rule: control characters, bytes that are
+    no UTF-8 and characters that print as nothing escaped (probe 17 F5: ESC and FF were
+    written raw, a BOM too)."""
+    path = os.path.join(tmp, "quoted-gpus")
+    prolog = os.path.join(sdir, "prolog")
+    for raw, shown in QUOTED:
+        with open(path, "wb") as f:
+            f.write(raw + b" %s\n" % UUID[0].encode())
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0")
+        check(p.returncode == 1 and p.args is None and p.stderr == 'dspk prolog: job 7: %s:1: '
+              '"%s" is no GPU index (expected "INDEX UUID", INDEX decimal digits without a '
+              'leading zero)\n' % (path, shown.encode("latin-1").decode("utf-8")),
+              "a map line %r: %r" % (raw, p))
+        if raw.startswith(b"\xcc"):  # after the UUID's last digit it has a base
+            shown = raw.decode("latin-1")
+        with open(path, "wb") as f:
+            f.write(b"0 %s%s\n" % (UUID[0].encode(), raw))
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0")
+        check(p.returncode == 1 and p.args is None and p.stderr == 'dspk prolog: job 7: %s:1: '
+              'GPU index 0: "%s%s" is no GPU UUID (expected hex digits and dashes, after an '
+              'optional GPU- prefix)\n' % (path, UUID[0], shown.encode("latin-1").decode("utf-8")),
+              "a map UUID ending %r: %r" % (raw, p))
+    # nvidia-smi's error, and a map path named by DSPK_GPU_MAP.
+    env = fake_smi(tmp, "printf 'no\\033[2Jdriver\\n' >&2; exit 9\n")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0", PATH=env)
+    check(p.returncode == 1 and "failed (exit 9: no\\x1b[2Jdriver), asked" in p.stderr,
+          "nvidia-smi's error quoted: %r" % (p,))
+    odd = os.path.join(tmp, "a\nb\\n\x1b.map")
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=odd, SLURM_JOB_GPUS="0")
+    check(p.returncode == 1 and p.stderr == "dspk prolog: job 7: the GPU map %s/a\\nb\\\\n"
+          "\\x1b.map (named by DSPK_GPU_MAP) does not exist\n" % tmp,
+          "a map path quoted: %r" % (p,))
+
+
 def answers(sdir, tmp, sock, fake):
     """An exit 0 is taken only with the answer for the job (outside probe 16 F1):
     dspk-submit's JSON (job.register's for the prolog, job.end's for the epilog), and,
@@ -534,10 +592,12 @@ def variables(sdir, sock):
                     "18446744073709551616", "99999999999999999999", "184467440737095516150"):
             for where in (sock, "/nonexistent"):
                 p = run(os.path.join(sdir, s), DSPK_SOCKET=where, SLURM_JOB_ID=val)
+                # Quoted as dspk.conf(5) says: the newline as \n (probe 17 F5).
                 check(p.returncode == 2 and p.stdout == "" and
                       p.stderr == "dspk %s: SLURM_JOB_ID is '%s': expected a Slurm job id "
                       "(decimal digits from 1 to 18446744073709551615, without a leading "
-                      "zero)\n" % (s, val), "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+                      "zero)\n" % (s, val.replace("\n", "\\n")),
+                      "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
         p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, SLURM_JOB_ID="18446744073709551615")
         check(p.returncode == 0 and "18446744073709551615" in p.args,
               "%s, the largest job id: %r" % (s, p))
@@ -587,6 +647,7 @@ def main():
         smi_fails(sdir, tmp, sock)
         smi_hangs(sdir, tmp, sock)
         one_uuid(sdir, tmp, sock)
+        quoting(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
