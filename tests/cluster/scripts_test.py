@@ -290,6 +290,19 @@ def strict_map(sdir, tmp, sock):
         check(p.returncode == 1 and p.stdout == "" and p.args is None and
               p.stderr.startswith("dspk prolog: job 7: %s:2: %s" % (path, err)) and
               len(p.stderr.splitlines()) == 1, "map line %r: %r" % (line, p))
+    # Blanks: spaces and tabs, and a CR that ends the line (after its comment), nothing
+    # else (docs/cluster.md; probe 17 F6: the rule was not written down).
+    for line, ok in ((" \t0 \t %s\t \r" % UUID[0], True), ("0 %s # x\r" % UUID[0], True),
+                     ("0 %s\r # x" % UUID[0], False), ("0 %s\x0b" % UUID[0], False),
+                     ("0 %s\x0c" % UUID[0], False), ("0\r%s" % UUID[0], False),
+                     ("0\x0c%s" % UUID[0], False), ("0\xa0%s" % UUID[0], False),
+                     ("0 %s\r\r" % UUID[0], False), ("\x0c", False), (" \t\r", True)):
+        with open(path, "w", newline="") as f:
+            f.write(good + line + "\n")
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+                SLURM_JOB_GPUS="1")
+        check((p.returncode == 0) == ok and (ok or p.stderr.startswith(
+              "dspk prolog: job 7: %s:2: " % path)), "map line %r: %r" % (line, p))
     # The largest forms still pass: 39 hex digits, GPU- in any case, dashes anywhere.
     with open(path, "w") as f:
         f.write("0 %s\n10 gpu-%s\n" % ("a" * 39, UUID[1]))
