@@ -527,6 +527,44 @@ def quoting(sdir, tmp, sock):
           "a map path quoted: %r" % (p,))
 
 
+def job_gpus(sdir, tmp, sock):
+    """SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES) must be what Slurm sends: GPU indices,
+    decimal without a leading zero, separated by commas, each once; anything else is exit
+    2 with one line saying so and what Slurm sends, never "add \"00 UUID\" to FILE", a
+    line the map's rule refuses (probe 17 F7); more than 64 GPUs is exit 1."""
+    path = os.path.join(tmp, "job-gpus")
+    with open(path, "w") as f:
+        f.write("".join("%d %s\n" % (k, UUID[k]) for k in range(4)))
+    prolog = os.path.join(sdir, "prolog")
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        for val, why in (("00", 'item 1 "00" is no GPU index'),
+                         ("0-1", 'item 1 "0-1" is no GPU index'),
+                         ("1,01", 'item 2 "01" is no GPU index'),
+                         ("0,,1", 'item 2 "" is no GPU index'),
+                         ("0,", 'item 2 "" is no GPU index'),
+                         ("0, 1", 'item 2 " 1" is no GPU index'),
+                         ("GPU-%s" % UUID[0], 'item 1 "GPU-%s" is no GPU index' % UUID[0]),
+                         ("0\x1b", 'item 1 "0\\x1b" is no GPU index'),
+                         ("1,0,1", "item 3 repeats GPU index 1")):
+            env = {var: val}
+            if var == "CUDA_VISIBLE_DEVICES":
+                env["SLURM_JOB_GPUS"] = None
+            p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, **env)
+            check(p.returncode == 2 and p.stdout == "" and p.args is None and
+                  p.stderr == "dspk prolog: job 7: %s is '%s': %s (Slurm sends the job's GPU "
+                  "indices as decimal numbers without a leading zero, separated by commas: "
+                  "0,1,3)\n" % (var, val.replace("\x1b", "\\x1b"), why),
+                  "%s=%r: %r" % (var, val, p))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="3,0")
+    check(p.returncode == 0 and p.args[p.args.index("--devices") + 1] ==
+          "%s,%s" % (UUID[3], UUID[0]), "SLURM_JOB_GPUS=3,0: %r" % (p,))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS=",".join(str(k) for k in range(65)))
+    check(p.returncode == 1 and p.args is None and p.stderr == "dspk prolog: job 7: "
+          "SLURM_JOB_GPUS lists 65 GPUs; dspkd registers at most 64 a job: the job is not "
+          "registered\n", "65 GPUs: %r" % (p,))
+
+
 def answers(sdir, tmp, sock, fake):
     """An exit 0 is taken only with the answer for the job (outside probe 16 F1):
     dspk-submit's JSON (job.register's for the prolog, job.end's for the epilog), and,
@@ -661,6 +699,7 @@ def main():
         smi_hangs(sdir, tmp, sock)
         one_uuid(sdir, tmp, sock)
         quoting(sdir, tmp, sock)
+        job_gpus(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
