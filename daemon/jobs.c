@@ -198,7 +198,8 @@ static bool process_gone(pid_t pid) {
 }
 
 /* The job named by path, a cgroup path of /proc/PID/cgroup: the id of its
- * first component "job_<digits>" (Slurm's cgroup plugins: v1
+ * first component "job_<digits>" (digits from 1 to 2^64-1 without a leading
+ * zero) (Slurm's cgroup plugins: v1
  * /slurm/uid_U/job_N/step_S, v2 /system.slice/slurmstepd.scope/job_N/...).
  * DSPKD_CG_JOB with *id, DSPKD_CG_NONE for no such component, or
  * DSPKD_CG_TWO when another component names another job (a directory made
@@ -208,7 +209,10 @@ static int path_job(const char *path, uint64_t *id) {
   for (const char *p = strstr(path, "/job_"); p; p = strstr(p + 1, "/job_")) {
     char *end;
     unsigned long long v;
-    if (p[5] < '0' || p[5] > '9')
+    /* A job id as every other parser has it (SLURM_JOB_ID, hello's DSPK_JOB,
+     * dspk-submit --job, the state file): no leading zero, so job_099001 and
+     * job_0 name no job (Slurm writes neither). */
+    if (p[5] < '1' || p[5] > '9')
       continue;
     errno = 0;
     v = strtoull(p + 5, &end, 10);

@@ -850,11 +850,12 @@ def cgroup_case(exe, tmp, gpu, cpu):
         for h, r in roots.items():
             os.makedirs(os.path.join(r, base, "job_100", "job_101"))
             made.append(h)
-            os.makedirs(os.path.join(r, base, "job_101"))
+            for sub in ("job_101", "job_0100", "job_0"):
+                os.makedirs(os.path.join(r, base, sub))
     except OSError as e:
         print("note: the cgroup case did not run (%s)" % e)
         for h in made:
-            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+            for sub in ("job_100/job_101", "job_100", "job_101", "job_0100", "job_0", ""):
                 try:
                     os.rmdir(os.path.join(roots[h], base, sub))
                 except OSError:
@@ -881,7 +882,11 @@ def cgroup_case(exe, tmp, gpu, cpu):
                 ({"pids": "job_101"}, "has 2 Slurm jobs", "pids job_101 alone"),
                 ({"unified": "job_101"}, "has 2 Slurm jobs", "the unified job_101 beside v1"),
                 ({"freezer": "job_100/job_101"}, "names two Slurm jobs",
-                 "freezer job_100/job_101")):
+                 "freezer job_100/job_101"),
+                # A leading zero (or job 0) is no job id, as everywhere else: not job 100
+                # (probe 17 F9); the uid's two jobs then leave it none.
+                ({"freezer": "job_0100"}, "has 2 Slurm jobs", "freezer job_0100"),
+                ({"freezer": "job_0"}, "has 2 Slurm jobs", "freezer job_0")):
             try:
                 put(where)
                 c = d.client()  # no claim; the uid has two jobs
@@ -908,7 +913,7 @@ def cgroup_case(exe, tmp, gpu, cpu):
     finally:
         put({})
         for r in roots.values():
-            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+            for sub in ("job_100/job_101", "job_100", "job_101", "job_0100", "job_0", ""):
                 os.rmdir(os.path.join(r, base, sub))
     return True
 
