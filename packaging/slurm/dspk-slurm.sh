@@ -23,6 +23,7 @@ vis_invisible='@DSPK_SLURM_INVISIBLE@'
 vis_marks='@DSPK_SLURM_MARKS@'
 # The awk functions (vis(s) returns s quoted so), for awk run with LC_ALL=C
 # (bytes) and DSPK_VIS_INVISIBLE, DSPK_VIS_MARKS set to the tables (vawk).
+# shellcheck disable=SC2016 # an awk program
 vis_awk='
   function vis_hex(s,  k, v) {
     s = tolower(s); v = 0
@@ -197,6 +198,7 @@ esac || {
 
 # run_submit WHY ARGS...: dspk-submit --socket SOCKET ARGS..., bounded by the timeout;
 # when it runs out (exit 124), one line on stderr says so, ending with WHY.
+# shellcheck disable=SC2317 # called through capture
 run_submit() {
   why=$1
   shift
@@ -238,6 +240,7 @@ submit_capture() {
 
 # one_line TEXT: TEXT's lines joined with "; ", blank ones dropped, each
 # quoted by vis (a command's output in a message of one line).
+# shellcheck disable=SC2317 # the epilog has no use for it
 one_line() {
   printf '%s\n' "$1" | vawk "$vis_awk"'
     { sub(/\r$/, ""); sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
