@@ -361,6 +361,10 @@ struct djob {
   struct jend_wait *ends;             /* job.end calls answered when nconns is 0 */
   size_t nends;
   uint64_t end_conns, end_inflight, end_buffers; /* what job.end closed */
+  /* Requests of its closed connections done since job.end: canceled (or
+   * dropped from their queue), or run to their end (work handed to a device
+   * that a cancel does not stop), for the log line of the end's end. */
+  uint64_t end_canceled, end_ran;
   uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory of its connections */
 };
 
@@ -787,6 +791,10 @@ int dspkd_job_dev_allowed(const struct dspkd *d, const struct djob *j, bool deci
                           const struct device *dev);
 /* Drops the connection's reference to its job (conn.c, when it is freed). */
 void dspkd_job_conn_gone(struct conn *c);
+/* A request of c is done with err (DSPK_ECANCELED: canceled): counted for
+ * its job's end when job.end closed c (the log says what became of the
+ * work it found in flight).  Loop thread. */
+void dspkd_job_request_done(struct conn *c, int err);
 /* The admin methods job.register and job.end (daemon/admin.c). */
 int dspkd_m_job_register(struct req *r);
 int dspkd_m_job_end(struct req *r);

@@ -174,8 +174,15 @@ static void djob_answer_ends(struct djob *j) {
   j->nends = 0;
 }
 
-/* Answers a job.end whose connections are all gone and frees the job. */
+/* Answers a job.end whose connections are all gone and frees the job.  An
+ * end that waited for requests in flight logs what became of them: a task
+ * that a cancel does not stop (on vulkan, a raw kernel) ran to its end,
+ * which is what kept the epilog waiting. */
 static void djob_finish(struct dspkd *d, struct djob *j) {
+  if (j->ended && j->end_canceled + j->end_ran > 0)
+    dspkd_info("Slurm job %" PRIu64 ": its end is done: %" PRIu64 " request(s) canceled, %"
+               PRIu64 " ran to their end (work a cancel does not stop)", j->id,
+               j->end_canceled, j->end_ran);
   djob_answer_ends(j);
   job_unlink(d, j);
   free(j);
@@ -191,7 +198,8 @@ static bool process_gone(pid_t pid) {
 }
 
 /* The job named by path, a cgroup path of /proc/PID/cgroup: the id of its
- * first component "job_<digits>" (Slurm's cgroup plugins: v1
+ * first component "job_<digits>" (digits from 1 to 2^64-1 without a leading
+ * zero) (Slurm's cgroup plugins: v1
  * /slurm/uid_U/job_N/step_S, v2 /system.slice/slurmstepd.scope/job_N/...).
  * DSPKD_CG_JOB with *id, DSPKD_CG_NONE for no such component, or
  * DSPKD_CG_TWO when another component names another job (a directory made
@@ -201,7 +209,10 @@ static int path_job(const char *path, uint64_t *id) {
   for (const char *p = strstr(path, "/job_"); p; p = strstr(p + 1, "/job_")) {
     char *end;
     unsigned long long v;
-    if (p[5] < '0' || p[5] > '9')
+    /* A job id as every other parser has it (SLURM_JOB_ID, hello's DSPK_JOB,
+     * dspk-submit --job, the state file): no leading zero, so job_099001 and
+     * job_0 name no job (Slurm writes neither). */
+    if (p[5] < '1' || p[5] > '9')
       continue;
     errno = 0;
     v = strtoull(p + 5, &end, 10);
@@ -529,6 +540,16 @@ int dspkd_job_dev_ok(const struct conn *c, const struct device *dev) {
   return dspkd_job_dev_allowed(c->d, c->job, c->job_state != 0, dev);
 }
 
+void dspkd_job_request_done(struct conn *c, int err) {
+  struct djob *j = c->job;
+  if (!j || !j->ended || !c->closing)
+    return;
+  if (err == DSPK_ECANCELED)
+    j->end_canceled++;
+  else
+    j->end_ran++;
+}
+
 void dspkd_job_conn_gone(struct conn *c) {
   struct djob *j = c->job;
   c->job = NULL;
@@ -762,8 +783,10 @@ int dspkd_m_job_end(struct req *r) {
     buffers += c->nbufs;
     dspkd_conn_close_notice(c, DSPK_EPERM, why);
   }
+  /* "In flight", not "canceled": what a cancel does not stop runs to its
+   * end, and the line of the end's end (djob_finish) says which did. */
   dspkd_info(DSPKD_PEER_FMT ": Slurm job %" PRIu64 " ended: %" PRIu64 " connection(s) "
-             "closed, %" PRIu64 " request(s) in flight canceled, %" PRIu64 " buffer(s) freed",
+             "closed, %" PRIu64 " request(s) in flight, %" PRIu64 " buffer(s) freed",
              DSPKD_PEER_ARGS(r->c), id, nconns, inflight, buffers);
   /* Answered when the last of its connections is gone (now, when none). */
   j->end_conns = nconns;

@@ -312,6 +312,8 @@ static void finish_dropped(struct dspkd *d, struct job *list, int code) {
                                                : "the request was canceled";
     if (code && j->kind == JOB_TASK)
       log_task_failed(j, code, why);
+    if (c) /* taken out of its queue before it ran */
+      dspkd_job_request_done(c, DSPK_ECANCELED);
     if (code && c && !c->closing)
       dspkd_conn_send_error(c, j->msgid, code, why);
     if (c)
@@ -434,6 +436,7 @@ void dspkd_sched_done_cb(uv_async_t *h) {
     conn_unlink_job(j);
     if (j->kind == JOB_TASK && j->err < 0)
       log_task_failed(j, j->err, NULL);
+    dspkd_job_request_done(c, j->err);
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
       /* The slot was reserved when the request came in. */
       if (dspkd_conn_buf_add(c, j->buf) != 0)

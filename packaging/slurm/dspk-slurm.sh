@@ -7,6 +7,118 @@
 # installed in, found from the script's real path: symbolic links resolved,
 # so that a link to the script (Prolog=/etc/slurm/prolog.d/*) finds it too.
 self=$(readlink -f -- "$0") || self=$0
+
+# Text from outside (a variable, a path, a map file's line, what a command
+# said) is quoted in the scripts' messages as dspkd quotes a configuration
+# file's text (dspk.conf(5), proto/utf8.c's dspk__utf8_visible): a
+# backslash as \\, a tab, newline and CR as \t, \n, \r, another C0
+# control, DEL or a byte that is no UTF-8 as \xNN, a C1 control and every
+# character that prints as nothing or as a plain space as \uNNNN
+# (\UNNNNNNNN above U+FFFF): the invisible ones below, the noncharacters,
+# the private-use ones, and a combining mark with nothing to sit on (after
+# no ASCII letter or digit and no other non-ASCII character shown as it
+# is).  The two tables are proto/utf8.c's (invisible and marks), put here
+# when the scripts are configured: ranges FIRST LAST, hex.
+vis_invisible='@DSPK_SLURM_INVISIBLE@'
+vis_marks='@DSPK_SLURM_MARKS@'
+# The awk functions (vis(s) returns s quoted so), for awk run with LC_ALL=C
+# (bytes) and DSPK_VIS_INVISIBLE, DSPK_VIS_MARKS set to the tables (vawk).
+# shellcheck disable=SC2016 # an awk program
+vis_awk='
+  function vis_hex(s,  k, v) {
+    s = tolower(s); v = 0
+    for (k = 1; k <= length(s); k++) v = v * 16 + index("0123456789abcdef", substr(s, k, 1)) - 1
+    return v
+  }
+  function vis_table(name, t,  a, k, n) {
+    n = split(ENVIRON[name], a)
+    for (k = 1; k <= n; k++) t[k] = vis_hex(a[k])
+    return n / 2
+  }
+  function vis_in(t, n, cp,  lo, hi, mid) {
+    lo = 1; hi = n + 1
+    while (lo < hi) {   # the first range that ends at or after cp
+      mid = int((lo + hi) / 2)
+      if (t[2 * mid] < cp) lo = mid + 1; else hi = mid
+    }
+    return lo <= n && t[2 * lo - 1] <= cp
+  }
+  function vis_init(  k) {
+    if (vis_ready) return
+    vis_ready = 1
+    for (k = 1; k < 256; k++) vis_ord[sprintf("%c", k)] = k
+    vis_ni = vis_table("DSPK_VIS_INVISIBLE", vis_inv)
+    vis_nm = vis_table("DSPK_VIS_MARKS", vis_mk)
+  }
+  # The length of the well-formed UTF-8 character at s[k], 0 for none.
+  function vis_seq(s, k, n,  b, c, lo, hi, len, j) {
+    b = vis_ord[substr(s, k, 1)]
+    if (b < 128) return 1
+    lo = 128; hi = 191
+    if (b >= 194 && b <= 223) len = 2
+    else if (b >= 224 && b <= 239) { len = 3; if (b == 224) lo = 160; else if (b == 237) hi = 159 }
+    else if (b >= 240 && b <= 244) { len = 4; if (b == 240) lo = 144; else if (b == 244) hi = 143 }
+    else return 0
+    if (k + len - 1 > n) return 0
+    c = vis_ord[substr(s, k + 1, 1)]
+    if (c < lo || c > hi) return 0
+    for (j = 2; j < len; j++) {
+      c = vis_ord[substr(s, k + j, 1)]
+      if (c < 128 || c > 191) return 0
+    }
+    return len
+  }
+  function vis_cp(s, k, len,  v, j) {
+    v = vis_ord[substr(s, k, 1)]
+    v = len == 1 ? v : len == 2 ? v - 192 : len == 3 ? v - 224 : v - 240
+    for (j = 1; j < len; j++) v = v * 64 + vis_ord[substr(s, k + j, 1)] - 128
+    return v
+  }
+  function vis_hidden(cp, base) {
+    return vis_in(vis_inv, vis_ni, cp) || (cp >= 64976 && cp <= 65007) ||
+      cp % 65536 >= 65534 || (cp >= 57344 && cp <= 63743) || cp >= 983040 ||
+      (!base && vis_in(vis_mk, vis_nm, cp))
+  }
+  function vis(s,  n, k, len, cp, e, o, base) {
+    vis_init()
+    n = length(s); o = ""; base = 0
+    for (k = 1; k <= n; k += len) {
+      len = vis_seq(s, k, n); e = ""
+      if (len == 0) {
+        len = 1; e = sprintf("\\x%02x", vis_ord[substr(s, k, 1)])
+      } else {
+        cp = vis_cp(s, k, len)
+        if (cp == 92) e = "\\\\"
+        else if (cp == 9) e = "\\t"
+        else if (cp == 10) e = "\\n"
+        else if (cp == 13) e = "\\r"
+        else if (cp < 32 || cp == 127) e = sprintf("\\x%02x", cp)
+        else if (cp >= 128 && cp <= 159) e = sprintf("\\u%04x", cp)
+        else if (len > 1 && vis_hidden(cp, base))
+          e = sprintf(cp > 65535 ? "\\U%08x" : "\\u%04x", cp)
+      }
+      if (e != "") {
+        o = o e; base = 0
+      } else {
+        o = o substr(s, k, len); base = len > 1 || substr(s, k, 1) ~ /[A-Za-z0-9]/
+      }
+    }
+    return o
+  }
+'
+# say WORDS...: the words and a newline, as they are (dash's echo would
+# take the \n of a quoted text, or of a path, for a newline).
+say() {
+  printf '%s\n' "$*"
+}
+# vawk ARGS...: awk with the tables vis needs, in bytes.
+vawk() {
+  DSPK_VIS_INVISIBLE=$vis_invisible DSPK_VIS_MARKS=$vis_marks LC_ALL=C awk "$@"
+}
+# vis TEXT: TEXT quoted for a message, as above.
+vis() {
+  DSPK_VIS_TEXT=$1 vawk "$vis_awk"'BEGIN { printf "%s", vis(ENVIRON["DSPK_VIS_TEXT"]) }'
+}
 # in_tree REL: the script's directory/REL, its ".." taken away (self has no
 # link left, so that is the same file), for the messages that name it.
 in_tree() {
@@ -18,9 +130,9 @@ socket=${DSPK_SOCKET:-/run/dspk/dspkd.sock}
 need() {
   eval "[ -n \"\${$1:-}\" ]" && return
   if eval "[ -n \"\${$1+set}\" ]"; then
-    echo "dspk $what: ${job:+job $job: }$1 is empty" >&2
+    say "dspk $what: ${job:+job $job: }$1 is empty" >&2
   else
-    echo "dspk $what: ${job:+job $job: }$1 is not set" >&2
+    say "dspk $what: ${job:+job $job: }$1 is not set" >&2
   fi
   exit 2
 }
@@ -40,7 +152,7 @@ case $SLURM_JOB_ID in
      }') ;;
 esac
 if [ -z "$idok" ]; then
-  echo "dspk $what: SLURM_JOB_ID is '$SLURM_JOB_ID': expected a Slurm job id (decimal" \
+  say "dspk $what: SLURM_JOB_ID is '$(vis "$SLURM_JOB_ID")': expected a Slurm job id (decimal" \
     "digits from 1 to 18446744073709551615, without a leading zero)" >&2
   exit 2
 fi
@@ -53,7 +165,7 @@ case $tmo in
   *[!0-9]*) digits= ;;
 esac
 if [ -z "$digits" ] || [ "${#digits}" -gt 9 ]; then
-  echo "dspk $what: job $job: $tvar is '$tmo': expected whole seconds from 1 to" \
+  say "dspk $what: job $job: $tvar is '$(vis "$tmo")': expected whole seconds from 1 to" \
     "999999999 (unset or empty: 120)" >&2
   exit 2
 fi
@@ -63,19 +175,22 @@ fi
 # same way: outside probe 15 F2).
 bytes=$(printf '%s' "$socket" | LC_ALL=C wc -c)
 if [ "$bytes" -gt 107 ]; then
-  echo "dspk $what: job $job: DSPK_SOCKET is $bytes bytes long, more than a Unix socket's" \
-    "107: no dspkd can listen on $socket; set DSPK_SOCKET to the daemon's socket" >&2
+  say "dspk $what: job $job: DSPK_SOCKET is $bytes bytes long, more than a Unix socket's" \
+    "107: no dspkd can listen on $(vis "$socket"); set DSPK_SOCKET to the daemon's socket" >&2
   exit 2
 fi
+# The socket and dspk-submit as the messages quote them (vis).
+socket_v=$(vis "$socket") submit_v=$(vis "$submit")
 # A path must be an executable file (dash's command -v takes any file for one).
 case $submit in
   */*) [ -f "$submit" ] && [ -x "$submit" ] ;;
   *) command -v -- "$submit" >/dev/null 2>&1 ;;
 esac || {
   if [ -n "${DSPK_SUBMIT:-}" ]; then
-    echo "dspk $what: job $job: no executable dspk-submit at $submit (named by DSPK_SUBMIT)" >&2
+    say "dspk $what: job $job: no executable dspk-submit at $submit_v (named by" \
+      "DSPK_SUBMIT)" >&2
   else
-    echo "dspk $what: job $job: no executable dspk-submit at $submit (the one of this" \
+    say "dspk $what: job $job: no executable dspk-submit at $submit_v (the one of this" \
       "script's tree; DSPK_SUBMIT names another)" >&2
   fi
   exit 127
@@ -83,37 +198,54 @@ esac || {
 
 # run_submit WHY ARGS...: dspk-submit --socket SOCKET ARGS..., bounded by the timeout;
 # when it runs out (exit 124), one line on stderr says so, ending with WHY.
+# shellcheck disable=SC2317 # called through capture
 run_submit() {
   why=$1
   shift
   timeout "$tmo" "$submit" --socket "$socket" "$@"
   rc=$?
   [ "$rc" -ne 124 ] ||
-    echo "dspk $what: job $job: no answer from dspkd on $socket within $tmo s ($tvar);" \
+    say "dspk $what: job $job: no answer from dspkd on $socket_v within $tmo s ($tvar);" \
       "$why" >&2
   return "$rc"
 }
 
-# submit_capture WHY ARGS...: run_submit WHY ARGS... with LC_ALL=C (the
-# system's reasons in English), its standard output in ans, its standard
-# error (the timeout's line included) in err and its status in rc, so that
-# the script can check the answer before it takes an exit 0 for one.
-submit_capture() {
+# capture COMMAND...: COMMAND run with LC_ALL=C (the system's reasons in
+# English), its standard output in ans, its standard error in err and its
+# status in rc.
+capture() {
   nl='
 '
   all=$(exec 4>&1
     e=$(LC_ALL=C
       export LC_ALL
-      run_submit "$@" 2>&1 >&4 4>&-)
+      "$@" 2>&1 >&4 4>&-)
     r=$?
-    printf '\n@@dspk-submit exit %s\n%s' "$r" "$e")
-  ans=${all%%"$nl@@dspk-submit exit "*}
-  rest=${all#*"$nl@@dspk-submit exit "}
+    printf '\n@@dspk exit %s\n%s' "$r" "$e")
+  ans=${all%%"$nl@@dspk exit "*}
+  rest=${all#*"$nl@@dspk exit "}
   rc=${rest%%"$nl"*}
   case $rest in
     *"$nl"*) err=${rest#*"$nl"} ;;
     *) err= ;;
   esac
+}
+
+# submit_capture WHY ARGS...: capture run_submit WHY ARGS... (the timeout's
+# line in err), so that the script can check the answer before it takes an
+# exit 0 for one.
+submit_capture() {
+  capture run_submit "$@"
+}
+
+# one_line TEXT: TEXT's lines joined with "; ", blank ones dropped, each
+# quoted by vis (a command's output in a message of one line).
+# shellcheck disable=SC2317 # the epilog has no use for it
+one_line() {
+  printf '%s\n' "$1" | vawk "$vis_awk"'
+    { sub(/\r$/, ""); sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
+    NF { o = o (o == "" ? "" : "; ") vis($0) }
+    END { printf "%s", o }'
 }
 
 # answered WHAT [UID]: whether ans is dspk-submit's JSON answer (one line) to

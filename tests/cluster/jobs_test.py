@@ -330,6 +330,7 @@ def run(exe, submit, epilog, tmp, case=None):
         if case == "ending":
             d.stop()
             daemon_check(Daemon(exe, tmp), ending)
+            daemon_check(Daemon(exe, tmp, env={"DSPKD_TEST_CANCEL_WAIT": "after"}), end_log)
             daemon_check(Daemon(exe, tmp), ending_again)
             return 0
         if case == "cgroup":
@@ -650,6 +651,7 @@ def run(exe, submit, epilog, tmp, case=None):
     restart(exe, submit, os.path.join(tmp, "restart"), gpu, cpu)
     os.unlink(os.path.join(tmp, "dspkd.log"))
     daemon_check(Daemon(exe, tmp), ending)
+    daemon_check(Daemon(exe, tmp, env={"DSPKD_TEST_CANCEL_WAIT": "after"}), end_log)
     daemon_check(Daemon(exe, tmp), ending_again)
     os.unlink(os.path.join(tmp, "dspkd.log"))
     d = Daemon(exe, tmp)
@@ -729,8 +731,43 @@ def ending(d):
     a1 = ender.wait(first)
     check(a1["ended"] and a1 == a2 and a1["connections"] == 1 and a1["inflight"] == 1 and
           a1["buffers"] == 1, "job.end twice: %r %r" % (a1, a2))
+    # The log says the gemm was in flight, not that it was canceled (probe 17 F8);
+    # end_log checks what it says became of such work.
+    log = [x for x in d.logtext().splitlines() if "Slurm job 91" in x]
+    check(any(x.endswith("Slurm job 91 ended: 1 connection(s) closed, 1 request(s) in flight, "
+                         "1 buffer(s) freed") for x in log),
+          "job 91's end in the log: %r" % (log,))
     cj.expect_eof()
     check(admin.call("job.end", {"job": 91})["ended"] is False, "job.end once it has ended")
+
+
+def end_log(d):
+    """The daemon's log says what became of the requests a job.end found in flight: it
+    said "N request(s) in flight canceled" of work that a cancel does not stop and ran to
+    its end (probe 17 F8).  DSPKD_TEST_CANCEL_WAIT=after holds the cpu runner after its
+    gemm ran, until the cancel comes (as a dispatch that cannot be stopped); a second
+    gemm waits in the queue behind it and is dropped."""
+    admin = d.client()
+    admin.call("job.register", {"job": 92, "uid": os.getuid(), "devices": []})
+    cj = d.client(job=92)
+    args = gemm_args("cpu:0", 320)[0]  # not quick (cpu.c): a runner, not the loop
+    cj.send("task.run", args)
+    cj.send("task.run", args)
+    # Both in flight, and the first held by the hook after it ran (its log line): the
+    # runner took it, so that the end finds it running, not queued.
+    deadline = time.monotonic() + TIMEOUT
+    while ((status_job(admin, 92) or {}).get("inflight") != 2 or
+           "the runner waits for the task's cancel after it runs" not in d.logtext()):
+        check(time.monotonic() < deadline, "job 92: its gemms never showed in flight")
+    a = admin.call("job.end", {"job": 92})
+    check(a["ended"] and a["inflight"] == 2, "job 92 ended: %r" % (a,))
+    cj.expect_eof()
+    log = [x for x in d.logtext().splitlines() if "Slurm job 92" in x]
+    check(any(x.endswith("Slurm job 92 ended: 1 connection(s) closed, 2 request(s) in flight, "
+                         "0 buffer(s) freed") for x in log) and
+          any(x.endswith("Slurm job 92: its end is done: 1 request(s) canceled, 1 ran to "
+                         "their end (work a cancel does not stop)") for x in log),
+          "job 92's end in the log: %r" % (log,))
 
 
 def ending_again(d):
@@ -816,11 +853,12 @@ def cgroup_case(exe, tmp, gpu, cpu):
         for h, r in roots.items():
             os.makedirs(os.path.join(r, base, "job_100", "job_101"))
             made.append(h)
-            os.makedirs(os.path.join(r, base, "job_101"))
+            for sub in ("job_101", "job_0100", "job_0"):
+                os.makedirs(os.path.join(r, base, sub))
     except OSError as e:
         print("note: the cgroup case did not run (%s)" % e)
         for h in made:
-            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+            for sub in ("job_100/job_101", "job_100", "job_101", "job_0100", "job_0", ""):
                 try:
                     os.rmdir(os.path.join(roots[h], base, sub))
                 except OSError:
@@ -847,7 +885,11 @@ def cgroup_case(exe, tmp, gpu, cpu):
                 ({"pids": "job_101"}, "has 2 Slurm jobs", "pids job_101 alone"),
                 ({"unified": "job_101"}, "has 2 Slurm jobs", "the unified job_101 beside v1"),
                 ({"freezer": "job_100/job_101"}, "names two Slurm jobs",
-                 "freezer job_100/job_101")):
+                 "freezer job_100/job_101"),
+                # A leading zero (or job 0) is no job id, as everywhere else: not job 100
+                # (probe 17 F9); the uid's two jobs then leave it none.
+                ({"freezer": "job_0100"}, "has 2 Slurm jobs", "freezer job_0100"),
+                ({"freezer": "job_0"}, "has 2 Slurm jobs", "freezer job_0")):
             try:
                 put(where)
                 c = d.client()  # no claim; the uid has two jobs
@@ -874,7 +916,7 @@ def cgroup_case(exe, tmp, gpu, cpu):
     finally:
         put({})
         for r in roots.values():
-            for sub in ("job_100/job_101", "job_100", "job_101", ""):
+            for sub in ("job_100/job_101", "job_100", "job_101", "job_0100", "job_0", ""):
                 os.rmdir(os.path.join(r, base, sub))
     return True
 

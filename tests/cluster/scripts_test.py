@@ -290,6 +290,19 @@ def strict_map(sdir, tmp, sock):
         check(p.returncode == 1 and p.stdout == "" and p.args is None and
               p.stderr.startswith("dspk prolog: job 7: %s:2: %s" % (path, err)) and
               len(p.stderr.splitlines()) == 1, "map line %r: %r" % (line, p))
+    # Blanks: spaces and tabs, and a CR that ends the line (after its comment), nothing
+    # else (docs/cluster.md; probe 17 F6: the rule was not written down).
+    for line, ok in ((" \t0 \t %s\t \r" % UUID[0], True), ("0 %s # x\r" % UUID[0], True),
+                     ("0 %s\r # x" % UUID[0], False), ("0 %s\x0b" % UUID[0], False),
+                     ("0 %s\x0c" % UUID[0], False), ("0\r%s" % UUID[0], False),
+                     ("0\x0c%s" % UUID[0], False), ("0\xa0%s" % UUID[0], False),
+                     ("0 %s\r\r" % UUID[0], False), ("\x0c", False), (" \t\r", True)):
+        with open(path, "w", newline="") as f:
+            f.write(good + line + "\n")
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+                SLURM_JOB_GPUS="1")
+        check((p.returncode == 0) == ok and (ok or p.stderr.startswith(
+              "dspk prolog: job 7: %s:2: " % path)), "map line %r: %r" % (line, p))
     # The largest forms still pass: 39 hex digits, GPU- in any case, dashes anywhere.
     with open(path, "w") as f:
         f.write("0 %s\n10 gpu-%s\n" % ("a" * 39, UUID[1]))
@@ -298,6 +311,258 @@ def strict_map(sdir, tmp, sock):
     out = p.args or []
     check(p.returncode == 0 and out[out.index("--devices") + 1] == "a" * 39 + ",gpu-" + UUID[1],
           "good map lines: %r" % (p,))
+
+
+def fake_smi(tmp, body):
+    """A fake nvidia-smi (sh) in tmp/smibin; returns the PATH that finds it first.  It
+    appends a line to tmp/smibin/calls each time it runs."""
+    d = os.path.join(tmp, "smibin")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "nvidia-smi"), "w") as f:
+        f.write("#!/bin/sh\necho \"$*\" >> %s/calls\n%s" % (d, body))
+    os.chmod(os.path.join(d, "nvidia-smi"), 0o755)
+    try:
+        os.unlink(os.path.join(d, "calls"))
+    except FileNotFoundError:
+        pass
+    return d + ":/usr/bin:/bin"
+
+
+def smi_calls(tmp):
+    try:
+        with open(os.path.join(tmp, "smibin", "calls")) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def nvidia_smi(sdir, tmp, sock):
+    """nvidia-smi's answer, for the indices the map file lacks, passes the map's checks:
+    a UUID field that is no UUID ([N/A], 40 hex digits) fails the prolog (exit 1) naming
+    nvidia-smi, the line, the index and the text, before dspk-submit runs (it was
+    dspk-submit's usage error about --devices, exit 2: probe 17 F1)."""
+    path = os.path.join(tmp, "smi-gpus")
+    with open(path, "w") as f:
+        f.write("0 %s\n" % UUID[0])
+    prolog = os.path.join(sdir, "prolog")
+    for out, err in (("0, [N/A]", '"[N/A]"'), ("0, " + "a" * 40, '"%s"' % ("a" * 40))):
+        env = fake_smi(tmp, "echo '%s'\n" % out.replace("0, ", "1, "))
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0,1", PATH=env)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: nvidia-smi's line 1: GPU index 1: %s is no GPU "
+              "UUID (expected hex digits and dashes, after an optional GPU- prefix)\n" % err,
+              "nvidia-smi answering %r: %r" % (out, p))
+    # Indices the file lacks come from nvidia-smi, asked once for all of them.
+    env = fake_smi(tmp, "echo '0, GPU-%s'; echo '1, GPU-%s'; echo '2, GPU-%s'\n"
+                   % (UUID[3], UUID[1], UUID[2]))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0,1,2", PATH=env)
+    out = p.args or []
+    check(p.returncode == 0 and p.stderr == "" and out[out.index("--devices") + 1] ==
+          "%s,GPU-%s,GPU-%s" % (UUID[0], UUID[1], UUID[2]) and
+          smi_calls(tmp) == ["--query-gpu=index,uuid --format=csv,noheader"],
+          "the map file, then nvidia-smi once: %r %r" % (p, smi_calls(tmp)))
+
+
+def smi_fails(sdir, tmp, sock):
+    """A failed nvidia-smi (exit status not 0) fails the prolog showing what it said (its
+    stderr, else its stdout, as nvidia-smi writes its errors), its output never taken for
+    a map; index lines the map file would refuse (two UUIDs for one index, index 00) fail
+    it too (probe 17 F3: the output of an exit 3 registered the job, an exit 9's reason
+    was dropped for "create a map file", the first of two UUIDs won, 00 was index 0)."""
+    path = os.path.join(tmp, "smi-fails-gpus")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    prolog = os.path.join(sdir, "prolog")
+    tail = (", asked for the UUID of GPU index 0; the job is not registered (fix nvidia-smi, "
+            "or map the index in %s)\n" % path)
+    for body, said in (
+            ("echo '0, GPU-%s'\nexit 3\n" % UUID[0], "exit 3: 0, GPU-%s" % UUID[0]),
+            ("echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+             "driver.\"\necho\necho '  Make sure that the latest driver is installed.'\nexit 9\n",
+             "exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+             "driver.; Make sure that the latest driver is installed."),
+            ("echo '0, GPU-%s'\necho 'Failed to initialize NVML: Driver/library version "
+             "mismatch' >&2\nexit 18\n" % UUID[0],
+             "exit 18: Failed to initialize NVML: Driver/library version mismatch"),
+            ("exit 2\n", "exit 2")):
+        env = fake_smi(tmp, body)
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0", PATH=env)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: nvidia-smi --query-gpu=index,uuid failed (%s)%s"
+              % (said, tail), "nvidia-smi %r: %r" % (body, p))
+    for body, err in (
+            ("echo '0, GPU-%s'; echo '0, GPU-%s'\n" % (UUID[0], UUID[1]),
+             "nvidia-smi's lines 1 and 2: GPU index 0 has two UUIDs (GPU-%s and GPU-%s): keep "
+             "the right one" % (UUID[0], UUID[1])),
+            ("echo '00, GPU-%s'\n" % UUID[0],
+             "nvidia-smi's line 1: \"00\" is no GPU index (expected \"INDEX, UUID\", INDEX "
+             "decimal digits without a leading zero)"),
+            ("echo '0, GPU-%s, x'\n" % UUID[0],
+             "nvidia-smi's line 1: GPU index 0 has more than one UUID or word after it "
+             "(expected \"INDEX, UUID\")"),
+            ("echo '0,'\n", "nvidia-smi's line 1: GPU index 0 without a UUID (expected "
+             "\"INDEX, UUID\")")):
+        env = fake_smi(tmp, body)
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0", PATH=env)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: %s\n" % err, "nvidia-smi %r: %r" % (body, p))
+
+
+def smi_hangs(sdir, tmp, sock):
+    """DSPK_PROLOG_TIMEOUT bounds nvidia-smi too: one that never answers (it opens a FIFO
+    no one writes) fails the prolog with exit 124 and one line naming it, and is killed
+    (probe 17 F2: the prolog hung with it).  The test waits on the prolog's exit."""
+    fifo = os.path.join(tmp, "smi.fifo")
+    os.mkfifo(fifo)
+    pidf = os.path.join(tmp, "smi.pid")
+    env = fake_smi(tmp, "echo $$ > %s\nexec cat %s\n" % (pidf, fifo))
+    path = os.path.join(tmp, "smi-hangs-gpus")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[0])
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path, PATH=env,
+            SLURM_JOB_GPUS="0", DSPK_PROLOG_TIMEOUT="1")
+    check(p.returncode == 124 and p.stdout == "" and p.args is None and
+          p.stderr == "dspk prolog: job 7: no answer from nvidia-smi within 1 s "
+          "(DSPK_PROLOG_TIMEOUT), asked for the UUID of GPU index 0; the job is not "
+          "registered\n", "a hung nvidia-smi: %r" % (p,))
+    with open(pidf) as f:
+        pid = int(f.read())
+    try:
+        os.kill(pid, 0)
+        gone = False
+    except ProcessLookupError:
+        gone = True
+    check(gone, "the hung nvidia-smi (pid %d) is killed" % pid)
+
+
+def one_uuid(sdir, tmp, sock):
+    """One UUID under two indices (a line copied and its index changed) fails the prolog
+    of a job with either index, naming both lines, in the map file and in nvidia-smi's
+    answer, and across them (probe 17 F4: a job given index 1 got index 0's GPU)."""
+    path = os.path.join(tmp, "one-uuid-gpus")
+    prolog = os.path.join(sdir, "prolog")
+    with open(path, "w") as f:
+        f.write("0 %s\n2 %s\n1 GPU-%s\n" % (UUID[0], UUID[2], UUID[0].upper()))
+    for gpus in ("1", "0", "0,1", "2,1"):
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS=gpus)
+        check(p.returncode == 1 and p.stdout == "" and p.args is None and
+              p.stderr == "dspk prolog: job 7: %s:1 and %s:3: GPU indices 0 and 1 have one UUID "
+              "(%s and GPU-%s): keep the right line\n" % (path, path, UUID[0], UUID[0].upper()),
+              "SLURM_JOB_GPUS=%s, one UUID under 0 and 1: %r" % (gpus, p))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="2")
+    check(p.returncode == 0 and p.args[p.args.index("--devices") + 1] == UUID[2],
+          "an index whose UUID is its own: %r" % (p,))
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    env = fake_smi(tmp, "echo '0, GPU-%s'; echo '1, GPU-%s'\n" % (UUID[0], UUID[0]))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="1", PATH=env)
+    check(p.returncode == 1 and p.args is None and
+          p.stderr == "dspk prolog: job 7: nvidia-smi's lines 1 and 2: GPU indices 0 and 1 have "
+          "one UUID (GPU-%s and GPU-%s): keep the right one\n" % (UUID[0], UUID[0]),
+          "nvidia-smi, one UUID under 0 and 1: %r" % (p,))
+    # The map file's index 5 and nvidia-smi's index 1, one UUID.
+    env = fake_smi(tmp, "echo '1, GPU-%s'\n" % UUID[3])
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="5,1", PATH=env)
+    check(p.returncode == 1 and p.args is None and
+          p.stderr == "dspk prolog: job 7: GPU indices 5 and 1 have one UUID (%s from the map "
+          "%s, GPU-%s from nvidia-smi): two GPUs cannot be one; fix the map\n"
+          % (UUID[3], path, UUID[3]), "the map file and nvidia-smi, one UUID: %r" % (p,))
+
+
+# Texts and how the scripts' messages quote them (dspk.conf(5)'s rule, the same as
+# dspkd's for its configuration file), written out by hand.
+QUOTED = (
+    (b"0\x1b[2J", "0\\x1b[2J"),                  # ESC
+    (b"\x0c", "\\x0c"),                           # form feed
+    (b"\x7f0", "\\x7f0"),                         # DEL
+    (b"\xef\xbb\xbf0", "\\ufeff0"),                # a byte order mark
+    (b"0\xe2\x80\x8b", "0\\u200b"),                # zero-width space
+    (b"0\xe2\x80\xae1", "0\\u202e1"),              # right-to-left override
+    (b"\xc2\x850", "\\u00850"),                    # C1 NEXT LINE
+    (b"\xc2\xa00", "\\u00a00"),                    # no-break space
+    (b"0\\u200b", "0\\\\u200b"),                  # a backslash typed
+    (b"\xff0", "\\xff0"),                         # no UTF-8
+    (b"\xcc\x810", "\\u03010"),                    # a combining mark on nothing
+    (b"e\xcc\x81", "e\xcc\x81"),                    # one on a letter: as it is
+    (b"\xc3\xa9", "\xc3\xa9"),                       # a letter: as it is
+    (b"\xf3\xa0\x80\x81", "\\U000e0001"),           # a tag, above U+FFFF
+)
+
+
+def quoting(sdir, tmp, sock):
+    """Text from outside in the prolog's messages (a map file's line, nvidia-smi's error,
+    the map's path) is quoted by dspk.conf(5)'s rule: control characters, bytes that are
+    no UTF-8 and characters that print as nothing escaped (probe 17 F5: ESC and FF were
+    written raw, a BOM too)."""
+    path = os.path.join(tmp, "quoted-gpus")
+    prolog = os.path.join(sdir, "prolog")
+    for raw, shown in QUOTED:
+        with open(path, "wb") as f:
+            f.write(raw + b" %s\n" % UUID[0].encode())
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0")
+        check(p.returncode == 1 and p.args is None and p.stderr == 'dspk prolog: job 7: %s:1: '
+              '"%s" is no GPU index (expected "INDEX UUID", INDEX decimal digits without a '
+              'leading zero)\n' % (path, shown.encode("latin-1").decode("utf-8")),
+              "a map line %r: %r" % (raw, p))
+        if raw.startswith(b"\xcc"):  # after the UUID's last digit it has a base
+            shown = raw.decode("latin-1")
+        with open(path, "wb") as f:
+            f.write(b"0 %s%s\n" % (UUID[0].encode(), raw))
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0")
+        check(p.returncode == 1 and p.args is None and p.stderr == 'dspk prolog: job 7: %s:1: '
+              'GPU index 0: "%s%s" is no GPU UUID (expected hex digits and dashes, after an '
+              'optional GPU- prefix)\n' % (path, UUID[0], shown.encode("latin-1").decode("utf-8")),
+              "a map UUID ending %r: %r" % (raw, p))
+    # nvidia-smi's error, and a map path named by DSPK_GPU_MAP.
+    env = fake_smi(tmp, "printf 'no\\033[2Jdriver\\n' >&2; exit 9\n")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="0", PATH=env)
+    check(p.returncode == 1 and "failed (exit 9: no\\x1b[2Jdriver), asked" in p.stderr,
+          "nvidia-smi's error quoted: %r" % (p,))
+    odd = os.path.join(tmp, "a\nb\\n\x1b.map")
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=odd, SLURM_JOB_GPUS="0")
+    check(p.returncode == 1 and p.stderr == "dspk prolog: job 7: the GPU map %s/a\\nb\\\\n"
+          "\\x1b.map (named by DSPK_GPU_MAP) does not exist\n" % tmp,
+          "a map path quoted: %r" % (p,))
+
+
+def job_gpus(sdir, tmp, sock):
+    """SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES) must be what Slurm sends: GPU indices,
+    decimal without a leading zero, separated by commas, each once; anything else is exit
+    2 with one line saying so and what Slurm sends, never "add \"00 UUID\" to FILE", a
+    line the map's rule refuses (probe 17 F7); more than 64 GPUs is exit 1."""
+    path = os.path.join(tmp, "job-gpus")
+    with open(path, "w") as f:
+        f.write("".join("%d %s\n" % (k, UUID[k]) for k in range(4)))
+    prolog = os.path.join(sdir, "prolog")
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        for val, why in (("00", 'item 1 "00" is no GPU index'),
+                         ("0-1", 'item 1 "0-1" is no GPU index'),
+                         ("1,01", 'item 2 "01" is no GPU index'),
+                         ("0,,1", 'item 2 "" is no GPU index'),
+                         ("0,", 'item 2 "" is no GPU index'),
+                         ("0, 1", 'item 2 " 1" is no GPU index'),
+                         ("GPU-%s" % UUID[0], 'item 1 "GPU-%s" is no GPU index' % UUID[0]),
+                         ("0\x1b", 'item 1 "0\\x1b" is no GPU index'),
+                         ("1,0,1", "item 3 repeats GPU index 1")):
+            env = {var: val}
+            if var == "CUDA_VISIBLE_DEVICES":
+                env["SLURM_JOB_GPUS"] = None
+            p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, **env)
+            check(p.returncode == 2 and p.stdout == "" and p.args is None and
+                  p.stderr == "dspk prolog: job 7: %s is '%s': %s (Slurm sends the job's GPU "
+                  "indices as decimal numbers without a leading zero, separated by commas: "
+                  "0,1,3)\n" % (var, val.replace("\x1b", "\\x1b"), why),
+                  "%s=%r: %r" % (var, val, p))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS="3,0")
+    check(p.returncode == 0 and p.args[p.args.index("--devices") + 1] ==
+          "%s,%s" % (UUID[3], UUID[0]), "SLURM_JOB_GPUS=3,0: %r" % (p,))
+    p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS=",".join(str(k) for k in range(65)))
+    check(p.returncode == 1 and p.args is None and p.stderr == "dspk prolog: job 7: "
+          "SLURM_JOB_GPUS lists 65 GPUs; dspkd registers at most 64 a job: the job is not "
+          "registered\n", "65 GPUs: %r" % (p,))
 
 
 def answers(sdir, tmp, sock, fake):
@@ -378,10 +643,12 @@ def variables(sdir, sock):
                     "18446744073709551616", "99999999999999999999", "184467440737095516150"):
             for where in (sock, "/nonexistent"):
                 p = run(os.path.join(sdir, s), DSPK_SOCKET=where, SLURM_JOB_ID=val)
+                # Quoted as dspk.conf(5) says: the newline as \n (probe 17 F5).
                 check(p.returncode == 2 and p.stdout == "" and
                       p.stderr == "dspk %s: SLURM_JOB_ID is '%s': expected a Slurm job id "
                       "(decimal digits from 1 to 18446744073709551615, without a leading "
-                      "zero)\n" % (s, val), "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+                      "zero)\n" % (s, val.replace("\n", "\\n")),
+                      "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
         p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, SLURM_JOB_ID="18446744073709551615")
         check(p.returncode == 0 and "18446744073709551615" in p.args,
               "%s, the largest job id: %r" % (s, p))
@@ -427,6 +694,12 @@ def main():
         links(a, sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         gpu_map(sdir, tmp, sock)
         strict_map(sdir, tmp, sock)
+        nvidia_smi(sdir, tmp, sock)
+        smi_fails(sdir, tmp, sock)
+        smi_hangs(sdir, tmp, sock)
+        one_uuid(sdir, tmp, sock)
+        quoting(sdir, tmp, sock)
+        job_gpus(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
