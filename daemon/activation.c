@@ -122,10 +122,11 @@ int dspkd_activation_start(struct dspkd *d) {
   /* Its address as clients name it (proto/sockpath.h): the path, or
    * "@name" for an abstract socket (ListenStream=@name); the log, status
    * and the checks of the state file's default see this text. */
+  size_t sl = 0;
   if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
       dspk__sockaddr_show(shown, sizeof shown, &sa, len)[0] &&
-      strlen(shown) < sizeof d->cfg.socket_path)
-    snprintf(d->cfg.socket_path, sizeof d->cfg.socket_path, "%s", shown);
+      (sl = strlen(shown)) < sizeof d->cfg.socket_path)
+    memcpy(d->cfg.socket_path, shown, sl + 1); /* (snprintf: -Wformat-truncation at -O1) */
   else
     snprintf(d->cfg.socket_path, sizeof d->cfg.socket_path, "(activated socket, fd %d)", fd);
   return 1;
