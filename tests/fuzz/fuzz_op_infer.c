@@ -15,7 +15,9 @@
  *                0..239 index a table of edge sizes (0, 1, 2^k, 2^k-1,
  *                2^31-1, 2^62, INT64_MAX ...), 240..255 read the next 8
  *                bytes as a raw int64 (negative ones included)
- *   the rest     contract subscripts (at most 63 bytes)
+ *   the rest     contract: subscripts (at most 63 bytes); gemm: alpha then
+ *                beta, map: alpha, each a selector byte and 8 raw bytes
+ *                (num() below)
  *
  * Oracles: nothing crashes or overflows (ASan, UBSan); after a successful
  * inference every input and result has a representable size, obeys
@@ -61,6 +63,30 @@ static uint64_t u64(struct rd *r) {
   uint64_t v = 0;
   for (int i = 0; i < 8; i++)
     v = v << 8 | u8(r);
+  return v;
+}
+
+/* An option's number (gemm's alpha, beta; map's alpha) and how it was sent:
+ * a selector byte (bits 0-1 the kind, bit 2 a float32, bit 3 a sent value
+ * that differs from the option's, as for an op built without the decoder),
+ * then the raw 8 bytes of the double (any NaN, infinity, subnormal); dflt
+ * when the input has ended. */
+static double num(struct rd *r, double dflt, struct dspk__num_sent *s) {
+  if (!r->n)
+    return dflt; /* kind NONE: not sent */
+  uint8_t sel = u8(r);
+  uint64_t bits = u64(r);
+  double v;
+  memcpy(&v, &bits, sizeof v);
+  s->kind = (enum dspk__num_kind)(sel & 3);
+  s->f32 = (sel >> 2) & 1;
+  if (s->kind == DSPK__NUM_UINT)
+    s->v.u = (sel >> 3) & 1 ? bits : (uint64_t)(v >= 0 && v < 0x1p64 ? v : 0);
+  else if (s->kind == DSPK__NUM_INT)
+    s->v.i = (sel >> 3) & 1 ? (int64_t)bits
+                            : (v >= -0x1p63 && v < 0x1p63 ? (int64_t)v : 0);
+  else
+    s->v.f = (sel >> 3) & 1 ? -v : v;
   return v;
 }
 
@@ -196,12 +222,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       t->shape[k] = sel < 240 ? dims[sel % NDIMS] : (int64_t)u64(&r);
     }
   }
-  {
+  if (op.kind == DSPK_OP_CONTRACT) {
+    /* Only a contraction's: the union's other members hold bools and
+     * enums that arbitrary bytes would make invalid values (UBSan). */
     size_t n = r.n < DSPK__SUBSCRIPTS_MAX - 1 ? r.n : DSPK__SUBSCRIPTS_MAX - 1;
     memcpy(op.u.contract.subscripts, r.p, n);
     op.u.contract.subscripts[n] = '\0';
-    if (op.kind == DSPK_OP_CONTRACT && n == 0)
+    if (n == 0)
       strcpy(op.u.contract.subscripts, "ij,jk->ik");
+  } else if (op.kind == DSPK_OP_GEMM) {
+    op.u.gemm.alpha = num(&r, 1.0, &op.u.gemm.alpha_sent);
+    op.u.gemm.beta = num(&r, 0.0, &op.u.gemm.beta_sent);
+  } else if (op.kind == DSPK_OP_MAP) {
+    op.u.map.alpha = num(&r, 1.0, &op.u.map.alpha_sent);
   }
   if (op.kind == DSPK_OP_KERNEL && op.u.kernel.nargs > DSPK__KERNEL_MAX_ARGS)
     op.u.kernel.nargs = DSPK__KERNEL_MAX_ARGS + 1; /* invalid: refused */
