@@ -549,9 +549,9 @@ fail:
 /* dst rows (n complex) = FFT of src rows, any n, through Bluestein.  The
  * convolution's temporaries hold m + 1 values a row (m >= 2n-1, a power of
  * two; and the row's exponent): the rows go in chunks whose temporary, and
- * VkFFT's own of the same size, stay within maxStorageBufferRange, of at
- * most vkfft_rows rows.  A row alone larger is ELIMIT (docs/protocol.md,
- * fft). */
+ * VkFFT's own of the same size, stay within maxStorageBufferRange, and
+ * whose VkFFT plan does not split its dispatch (fit_rows).  A row alone
+ * larger is ELIMIT (docs/protocol.md, fft). */
 static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint32_t soff,
                      const struct dspk__vk_bind *dst, uint32_t doff, uint64_t n,
                      uint64_t batch, int dbl, int inverse, struct dspk__opctx *ctx) {
