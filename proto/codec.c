@@ -128,12 +128,10 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
                 "(response) or 2 (notification): got %s", dspk__obj_what(&e[0], w, sizeof w));
   type = e[0].via.u64;
   m.type = (enum dspk__msgtype)type;
-  if (root->via.array.size != (type == DSPK__NOTIFY ? 3u : 4u))
-    return dspk__fail(msg, msglen, DSPK_EPROTO,
-                "message of type %" PRIu64 " has %" PRIu32
-                " elements, expected %u", type, root->via.array.size,
-                type == DSPK__NOTIFY ? 3u : 4u);
-
+  /* The msgid before the element count: a request without a usable msgid
+   * cannot be answered, so that is the reason the daemon gives when it
+   * closes the connection for it; the count is the reason only for one it
+   * answers (protocol.md, "Malformed input"; probe 18 A3). */
   if (type != DSPK__NOTIFY) {
     if (e[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         e[1].via.u64 > UINT32_MAX)
@@ -141,6 +139,11 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
                         dspk__obj_what(&e[1], w, sizeof w));
     m.msgid = (uint32_t)e[1].via.u64;
   }
+  if (root->via.array.size != (type == DSPK__NOTIFY ? 3u : 4u))
+    return dspk__fail(msg, msglen, DSPK_EPROTO,
+                "message of type %" PRIu64 " has %" PRIu32
+                " elements, expected %u", type, root->via.array.size,
+                type == DSPK__NOTIFY ? 3u : 4u);
 
   if (type == DSPK__RESPONSE) {
     m.error = e[2].type == MSGPACK_OBJECT_NIL ? NULL : &e[2];

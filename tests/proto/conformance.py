@@ -449,6 +449,14 @@ def malformed_texts(env):
         (p([True, 1, "ping", []]), ["2 (notification): got true"], []),
         (p([None, 1, "ping", []]), ["2 (notification): got nil"], []),
         (p([0, "1", "ping", []]), ["msgid must be a uint32: got a string of 1 byte"], []),
+        # a bad msgid is the reason a request is closed for, not its element
+        # count, which alone is answered (probe 18 A3)
+        (p([0, -1, "ping"]), ["msgid must be a uint32: got the integer -1"], ["elements"]),
+        (p([0, -1, "ping", [], 5]), ["msgid must be a uint32: got the integer -1"],
+         ["elements"]),
+        (p([0, "x", "ping"]), ["msgid must be a uint32: got a string of 1 byte"], ["elements"]),
+        (p([0, 1 << 32, "ping", [], None, None]),
+         ["msgid must be a uint32: got the integer 4294967296"], ["elements"]),
         (p([1, 1, None, {}]), ["clients send requests, not responses"], []),
         # a notification too short: its length is what is wrong, not its type
         (p([2]), ["has 1 element,", "3 or more"], ["must be 0"]),
