@@ -21,7 +21,10 @@
 #include "proto/options.h"
 
 #define DSPK__OP_MAX_IN 4
-#define DSPK__OP_MAX_OUT 2
+/* The most results an op computes: every op has one ("kernel" none of its
+ * own, its results being its inputs); task.run's outputs takes at most this
+ * many entries (proto/schema.c). */
+#define DSPK__OP_MAX_OUT 1
 
 struct dspk__mem; /* a block of device memory, owned by its backend */
 

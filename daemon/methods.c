@@ -1026,7 +1026,7 @@ static int task_run(struct req *r, char *devname) {
   struct job *j;
   int err = 0;
 
-  _Static_assert(DSPK__OP_MAX_IN == 4 && DSPK__OP_MAX_OUT == 2,
+  _Static_assert(DSPK__OP_MAX_IN == 4 && DSPK__OP_MAX_OUT == 1,
                  "inputs and outputs counts in proto/schema.c");
   dspk__pval_str(&r->v[DSPK__RUN_DEVICE], devname, DSPK__DEVICE_NAME_MAX + 1);
 
@@ -1096,7 +1096,10 @@ static int task_run(struct req *r, char *devname) {
     struct dbuf *b;
     snprintf(what, sizeof what, "outputs[%u]", k);
     if ((int)k >= j->op.nout) {
-      err = fail(r, DSPK_EINVAL, "%s: %s has only %d output(s)", what, opname, j->op.nout);
+      /* Not reached while every op but kernel has DSPK__OP_MAX_OUT results
+       * (the params refuse a longer outputs); kept for an op with fewer. */
+      err = fail(r, DSPK_EINVAL, "%s: %s has %d result%s", what, opname, j->op.nout,
+                 j->op.nout == 1 ? "" : "s");
       goto fail;
     }
     if (o->type == MSGPACK_OBJECT_NIL)

@@ -343,8 +343,12 @@ static const struct dspk__param run_p[] = {
     [DSPK__RUN_INPUTS] = {"inputs", DSPK__T_ARRAY, REQ, .min = 1, .max = 4,
                           .expect = "a non-empty array of at most 4 tensors"},
     [DSPK__RUN_OPTIONS] = {"options", DSPK__T_MAP},
-    [DSPK__RUN_OUTPUTS] = {"outputs", DSPK__T_ARRAY, .max = 2, .item = &out_ref_item,
-                           .expect = "an array of at most 2 {buffer, offset}"},
+    /* Every op has one result (a kernel none of its own: it returns its
+     * inputs, and refuses outputs), so one entry at most: the count is
+     * refused here with the params, one wording for any count too many
+     * (DSPK__OP_MAX_OUT in backends/op.h, asserted in daemon/methods.c). */
+    [DSPK__RUN_OUTPUTS] = {"outputs", DSPK__T_ARRAY, .max = 1, .item = &out_ref_item,
+                           .expect = "an array of at most one {buffer, offset} or nil"},
 };
 static const struct dspk__param run_r[] = {
     [DSPK__R_RUN_DEVICE] = RES("device", DSPK__T_STR),

@@ -679,8 +679,10 @@ typedef struct dspk_task {
   unsigned ninputs;             /* 1 to DSPK_MAX_OUTPUTS (4); more is DSPK_EINVAL,
                                   found before any operand is read */
   const dspk_tensor *inputs;
-  /* Optional: put output i into a daemon buffer instead of returning it
-   * inline (the result then holds a reference). */
+  /* Optional: put the result into a daemon buffer instead of returning it
+   * inline (the result then holds a reference).  nout_refs is 0 or 1: every
+   * op has one result (a kernel none of its own: it takes no out_refs);
+   * more is DSPK_EINVAL (protocol.md, task.run's outputs). */
   unsigned nout_refs;
   struct { uint64_t buffer, offset; } out_refs[DSPK_MAX_OUTPUTS];
 

@@ -1017,6 +1017,20 @@ static void test_limits_stated(void **state) {
   assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
   assert_string_equal(dspk_last_error(c), "inputs: expected a non-empty array of at most 4 "
                                           "tensors, got an array of 8 items");
+  /* More than one output buffer: every op has one result, so any count
+   * too many is refused in the daemon's words (it was the daemon's
+   * "outputs[1]: map has only 1 output(s)" for 2 to 4, and "more than 4
+   * output buffers" past 4; probe 18 A2). */
+  t.ninputs = 1;
+  for (unsigned k = 2; k <= DSPK_MAX_OUTPUTS + 1; k++) {
+    char want[160];
+    t.nout_refs = k;
+    assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
+    snprintf(want, sizeof want, "outputs: expected an array of at most one {buffer, offset} "
+             "or nil, got an array of %u items", k);
+    assert_string_equal(dspk_last_error(c), want);
+  }
+  t.nout_refs = 0;
   /* dspk_job_register: at most 64 UUIDs, said before any is read (the
    * 65th is NULL here) or the caller's rights are asked. */
   const char *uu[65];

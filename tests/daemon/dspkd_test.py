@@ -406,7 +406,9 @@ def t_buffers(exe, tmp):
     gemm_in = [tensor(A), tensor(B)]
     for bad, where in (([5], "outputs[0]"), ([{"offset": 0}], "outputs[0].buffer"),
                        ([{"buffer": "x"}], "outputs[0].buffer"),
-                       ([None, {"buffer": bc, "offset": -1}], "outputs[1].offset")):
+                       ([{"buffer": bc, "offset": -1}], "outputs[0].offset"),
+                       # one result, one entry at most (probe 18 A2)
+                       ([None, {"buffer": bc}], "outputs: expected an array of at most one")):
         e = c.expect_error("EINVAL", "task.run", {"op": "gemm", "inputs": gemm_in,
                                                   "outputs": bad})
         check(where in e.err["message"], "bad outputs %r: %r" % (bad, e.err["message"]))

@@ -1333,7 +1333,21 @@ def task_params(env):
                                     [0.5 * x for x in gemm_ref([1, 2, 3, 4], [1, 2, 3, 4], 2, 2, 2)]),
           "alpha as float32: %r" % (r,))
     expect(run(outputs=5), "EINVAL", "outputs")
-    expect(run(outputs=[None, None, None]), "EINVAL", "outputs")
+    # Every op has one result (the table of ops; a kernel none of its own):
+    # outputs takes one entry, and any count past it has one wording, as the
+    # parameter table says (it said "at most 2 items", and 2 and 3 entries
+    # had two messages; probe 18 A2).
+    ops = [("gemm", [a, a], None), ("fft", [t32([1, 2, 3, 4])], None),
+           ("fir", [t32([1, 2, 3]), t32([1, 1])], None),
+           ("contract", [a, a], {"subscripts": "ij,jk->ik"}),
+           ("reduce", [a], {"fn": "sum"}), ("map", [a], {"fn": "abs"})]
+    for op, ins, opts in ops:
+        r = run(op=op, inputs=ins, options=opts)
+        check(r[0] == "ok" and len(r[1]["outputs"]) == 1, "%s: one result: %r" % (op, r))
+        for n in (2, 3, 4):
+            expect(run(op=op, inputs=ins, options=opts, outputs=[None] * n), "EINVAL",
+                   "outputs: expected an array of at most one {buffer, offset} or nil, "
+                   "got an array of %d items" % n)
     expect(run(outputs=[{}]), "EINVAL", "outputs[0].buffer")
     expect(run(outputs=[{"buffer": "x"}]), "EINVAL", "outputs[0].buffer")
     expect(run(outputs=[{"buffer": 1, "offset": -1}]), "EINVAL", "outputs[0].offset")

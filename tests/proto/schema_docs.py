@@ -41,7 +41,8 @@ def values(p):
     if t == "array":
         lo, hi = p.get("min_items", 0), p.get("max_items")
         if hi is not None:
-            return "%d to %d items" % (lo, hi) if lo else "at most %d items" % hi
+            return "%d to %d items" % (lo, hi) if lo else \
+                "at most %d item%s" % (hi, "" if hi == 1 else "s")
         return ("at least %d item%s" % (lo, "s" if lo > 1 else "")) if lo else ""
     return ""
 
