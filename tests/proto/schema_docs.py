@@ -41,9 +41,16 @@ def values(p):
     if t == "array":
         lo, hi = p.get("min_items", 0), p.get("max_items")
         if hi is not None:
-            return "%d to %d items" % (lo, hi) if lo else \
+            v = "%d to %d items" % (lo, hi) if lo else \
                 "at most %d item%s" % (hi, "" if hi == 1 else "s")
-        return ("at least %d item%s" % (lo, "s" if lo > 1 else "")) if lo else ""
+        else:
+            v = ("at least %d item%s" % (lo, "s" if lo > 1 else "")) if lo else ""
+        # Items that may be nil (task.run's outputs entries) say so, as a
+        # result field's "T or nil" does.
+        item = p.get("item") or {}
+        if item.get("nil"):
+            v += "%seach %s or nil" % (", " if v else "", item["type"])
+        return v
     return ""
 
 
@@ -189,6 +196,43 @@ def check_python(path, schema, errors):
                 errors.append("%s: %s with %r, not a parameter of the table" % (path, name, key))
 
 
+def row_key_kinds(schema):
+    """{key: {"parameter", "result"}}: which kinds of row (a parameter or an
+    op's option, at any depth, or a result field) use each row key."""
+    kinds = {}
+
+    def walk(row, kind):
+        for k in row:
+            kinds.setdefault(k, set()).add(kind)
+        for f in row.get("fields") or []:
+            walk(f, kind)
+        if isinstance(row.get("item"), dict):
+            walk(row["item"], kind)
+    for m in schema["methods"]:
+        for p in m["params"]:
+            walk(p, "parameter")
+        for f in m["result"] if isinstance(m["result"], list) else []:
+            walk(f, "result")
+    for o in schema["ops"]:
+        for p in o["options"]:
+            walk(p, "parameter")
+    return kinds
+
+
+def key_description(sec, key):
+    """The parenthesis after "`key` (" in the protocol.json section (nested
+    parentheses included), or "" when there is none."""
+    i = sec.find("`%s` (" % key)
+    if i < 0:
+        return ""
+    i += len(key) + 4
+    depth, j = 1, i
+    while j < len(sec) and depth:
+        depth += {"(": 1, ")": -1}.get(sec[j], 0)
+        j += 1
+    return " ".join(sec[i:j - 1].split())
+
+
 def main():
     schema = json.load(open(sys.argv[1]))
     text = open(sys.argv[2]).read()
@@ -232,6 +276,19 @@ def main():
     for k in sorted(keys):
         if not re.search(r"`%s`" % re.escape(k), sec):
             errors.append("protocol.json key %r not described in its section" % k)
+    # A row key whose description names the kinds of row it applies to
+    # ("`nil` (... this result field ...)") names every kind that uses it:
+    # protocol.json had `nil` on a parameter's item with only results
+    # defining it (probe 18 A4).
+    used = row_key_kinds(schema)
+    for k in sorted(used):
+        desc = key_description(sec, k)
+        named = {kind for kind, word in (("parameter", "parameter"), ("result", "result"))
+                 if word in desc}
+        if named and used[k] - named:
+            errors.append("protocol.json key %r is used on %s rows, its description (%r) "
+                          "names only %s" % (k, " and ".join(sorted(used[k])), desc,
+                                             " and ".join(sorted(named))))
     admins = {m["name"] for m in schema["methods"] if m["admin"]}
     mt = re.search(r"`admin`: `true`(.*?)else `false`", sec, re.S)
     named = {n for n in re.findall(r"`([a-z.]+)`", mt.group(1) if mt else "")
