@@ -491,13 +491,20 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
  * is duplicated (the caller may close its own); the file must not change
  * while a request using it is sent (a file that ends inside the range
  * breaks the connection: DSPK_EIO; DSPK_EIO too, the connection intact,
- * for the large operand whose temporary it cannot fill).  Where sendfile cannot
- * be used (fd is a pipe, or the kernel cannot send a file to this socket)
- * the memory is sent as before.  len 0
- * forgets the range that starts at addr (do so before unmapping it);
- * dspk_close forgets all.  0, DSPK_EINVAL (also for a range whose
- * addr + len wraps around the address space, or whose offset + len passes
- * 2^63-1), DSPK_ENOMEM or DSPK_EIO (dup failed). */
+ * for the large operand whose temporary it cannot fill; both say "an input
+ * file ended before its data was sent (changed while in use?)").  Where
+ * sendfile cannot be used (fd is a pipe, or the kernel cannot send a file
+ * to this socket) the memory is sent as before.  Ranges may overlap: an
+ * operand is sent from the range registered last of those that hold all of
+ * it (one only partly in ranges is sent from memory).  A call with the
+ * addr and len of a registered range replaces that range (its fd and
+ * offset); one with the same addr and another len adds a range, the
+ * registered one staying.  len 0 forgets every range that starts at addr
+ * (do so before unmapping it; fd and offset are then ignored); dspk_close
+ * forgets all.  A call that fails changes nothing: every range registered
+ * before stays.  0, DSPK_EINVAL (also for a range whose addr + len wraps
+ * around the address space, or whose offset + len passes 2^63-1),
+ * DSPK_ENOMEM or DSPK_EIO (dup failed, as for an fd that is not open). */
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Has the first output of ticket's answer written to the open file fd at
@@ -522,7 +529,9 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * what was written is read back, and the caller's own write of the
  * file then reports the error).  fd must be a regular file open for reading and writing (not
  * O_APPEND); it is duplicated, and the file grows as needed; bytes outside
- * the range are not touched.  Call it after dspk_submit and before the
+ * the range are not touched.  A second call for a ticket replaces the
+ * first's file; a call that fails changes nothing (the ticket's earlier
+ * file, if any, stays).  Call it after dspk_submit and before the
  * dspk_wait that returns the answer.  offset is at most 2^62-1 (so that the
  * output's bytes always end before a file's largest offset, 2^63-1): a
  * larger one is DSPK_EINVAL, its message naming that limit.  0, DSPK_EINVAL,
