@@ -242,7 +242,10 @@ DSPK_EXPORT size_t dspk_ping_max(const dspk_client *c);
  * DEL and C1: U+0000..U+001F, U+007F..U+009F; TAB, LF and CR too, never
  * as \t \n \r) as \u00NN and a byte that
  * starts no well-formed UTF-8 character as \ufffd: the text is valid JSON
- * and carries no terminal control sequence.
+ * and carries no terminal control sequence.  A float is written in the
+ * fewest significant digits that read back as the same value (a msgpack
+ * float32 as a float32), ".0" after an integral one, by protocol.md's rule
+ * (Malformed input): 0.1, 5.0, 1e-05; a NaN or an infinity as null.
  */
 DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
                                char **json_out);
