@@ -377,10 +377,11 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
 }
 
 /* The registered file range (dspk_file_data) that holds [p, p + n), or
- * NULL. */
+ * NULL: of those that hold it (ranges may overlap, several may start at
+ * one address), the one registered last. */
 static const struct dspk__fmap *fmap_of(const dspk_client *c, const void *p, size_t n) {
   const char *q = p;
-  for (size_t i = 0; i < c->nfmaps; i++) {
+  for (size_t i = c->nfmaps; i-- > 0;) {
     const struct dspk__fmap *m = &c->fmaps[i];
     if (!m->no && q >= m->addr && (size_t)(q - m->addr) <= m->len && n <= m->len - (size_t)(q - m->addr))
       return m;
@@ -407,6 +408,14 @@ void dspk__wbuf_files(const dspk_client *c, struct dspk__wbuf *w) {
   }
 }
 
+/* Drops fmaps[i] (closing its descriptor), keeping the others in the
+ * order they were registered (fmap_of takes the last that fits). */
+static void fmap_drop(dspk_client *c, size_t i) {
+  close(c->fmaps[i].fd);
+  memmove(&c->fmaps[i], &c->fmaps[i + 1], (c->nfmaps - i - 1) * sizeof(c->fmaps[0]));
+  c->nfmaps--;
+}
+
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset) {
   struct dspk__fmap m;
@@ -414,14 +423,15 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
     return dspk__argerr(c, "dspk_file_data: addr is NULL");
   if (dspk__forked(c))
     return DSPK_ECLOSED;
-  for (size_t i = 0; i < c->nfmaps; i++)
-    if (c->fmaps[i].addr == addr) { /* forgotten, or replaced below */
-      close(c->fmaps[i].fd);
-      c->fmaps[i] = c->fmaps[--c->nfmaps];
-      break;
-    }
-  if (len == 0)
+  if (len == 0) { /* forgets every range that starts at addr */
+    for (size_t i = c->nfmaps; i-- > 0;)
+      if (c->fmaps[i].addr == addr)
+        fmap_drop(c, i);
     return 0;
+  }
+  /* Every check, and everything that can fail, before the ranges change: a
+   * refused call leaves them as they were (dropping a registered range made
+   * its operands go through the mapping: SIGBUS once the file shrank). */
   if (fd < 0)
     return dspk__argerr(c, "dspk_file_data: fd %d is not a file descriptor", fd);
   if ((uintptr_t)addr > UINTPTR_MAX - len)
@@ -439,6 +449,13 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
   m = (struct dspk__fmap){addr, len, fcntl(fd, F_DUPFD_CLOEXEC, 0), offset, false};
   if (m.fd < 0)
     return dspk__cerr(c, DSPK_EIO, "dspk_file_data: %s", strerror(errno));
+  /* The same range again replaces it (its file and offset); a range of
+   * another length at addr stays, as any other overlapping range does. */
+  for (size_t i = 0; i < c->nfmaps; i++)
+    if (c->fmaps[i].addr == addr && c->fmaps[i].len == len) {
+      fmap_drop(c, i);
+      break;
+    }
   c->fmaps[c->nfmaps++] = m;
   return 0;
 }
@@ -465,7 +482,8 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
   if (!dspk__inflight_has(c, ticket))
     return dspk__cerr(c, DSPK_ENOENT, "dspk_result_to_file: ticket %u is not in flight",
                       (unsigned)ticket);
-  sink_drop(c, ticket);
+  /* Whatever can fail before the ticket's earlier file (if any) is
+   * dropped: a refused call leaves it registered. */
   if (c->nsinks == c->capsinks) {
     size_t cap = c->capsinks ? 2 * c->capsinks : 4;
     struct dspk__sink *p = realloc(c->sinks, cap * sizeof(*p));
@@ -476,6 +494,7 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
   }
   if ((dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
     return dspk__cerr(c, DSPK_EIO, "dspk_result_to_file: %s", strerror(errno));
+  sink_drop(c, ticket);
   if (written) /* only now: outputs are written only on success (dspk.h) */
     *written = false;
   c->sinks[c->nsinks++] = (struct dspk__sink){ticket, dfd, offset, written};

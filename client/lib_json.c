@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "client/lib_internal.h"
+#include "proto/dtype.h"
 #include "proto/utf8.h"
 
 void dspk__jput(struct dspk__jbuf *j, const char *s, size_t n) {
@@ -107,7 +108,11 @@ static void jval(struct dspk__jbuf *j, const msgpack_object *o) {
   case MSGPACK_OBJECT_FLOAT32:
   case MSGPACK_OBJECT_FLOAT64:
     if (isfinite(o->via.f64)) {
-      snprintf(num, sizeof num, "%.17g", o->via.f64);
+      /* The one float rule (proto/dtype.h): the fewest significant digits
+       * that read back as the value (a float32 as a float32), not %.17g's
+       * "0.10000000000000001"; ".0" after an integral value keeps it a
+       * float in the reader's JSON. */
+      dspk__float_str(num, sizeof num, o->via.f64, o->type == MSGPACK_OBJECT_FLOAT32);
       dspk__jputs(j, num);
     } else {
       dspk__jputs(j, "null");

@@ -672,7 +672,7 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data, size
   if (fm) {
     if (rc != 0)
       return rc < 0 ? dspk__cerr(c, DSPK_EIO, "an input file ended before its data was "
-                                 "copied (changed while in use?)")
+                                 "sent (changed while in use?)") /* as the sendfile path */
                     : dspk__cerr(c, DSPK_EIO, "reading an input file: %s", strerror(rc));
   } else {
     wide_copy(s->ptr, p, n);

@@ -17,6 +17,7 @@
 
 #include "client/submit/outfile.h"
 #include "client/submit/submit.h"
+#include "proto/dtype.h"
 
 static const struct option trace_opts[] = {{"output", required_argument, NULL, 'o'},
     {"seconds", required_argument, NULL, 's'},
@@ -30,7 +31,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   const char *out = NULL;
   double seconds = 5;
   bool summary = false, seen_output = false, seen_seconds = false;
-  char *json = NULL, err[512];
+  char *json = NULL, err[512], secs[40];
   dspk__outfile of;
   size_t n;
   int opt, rc;
@@ -54,6 +55,9 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
     return rc;
+  /* N as given: the fewest significant digits that read back as it (the
+   * one float rule, proto/dtype.h), not %g's six ("1" for 1.0000001). */
+  dspk__float_str(secs, sizeof secs, seconds, false);
   if (!out)
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
   if (summary && strcmp(out, "-") == 0)
@@ -81,7 +85,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return rc;
   }
   if (strcmp(out, "-") != 0 && isatty(STDERR_FILENO))
-    fprintf(stderr, "dspk-submit: trace: recording for %g s...\n", seconds);
+    fprintf(stderr, "dspk-submit: trace: recording for %s s...\n", secs);
   rc = dspk_trace(ctx->client, seconds, &json);
   if (rc < 0) {
     dspk__outfile_abort(&of);
@@ -118,7 +122,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     }
     printf("{\"output\":");
     dspk__sub_json_str(stdout, out);
-    printf(",\"seconds\":%g,\"jobs\":%llu,\"dropped\":%llu}\n", seconds, jobs, dropped);
+    printf(",\"seconds\":%s,\"jobs\":%llu,\"dropped\":%llu}\n", secs, jobs, dropped);
   }
   dspk_free(json);
   return DSPK__SUB_EXIT_OK;

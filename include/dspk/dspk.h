@@ -242,7 +242,10 @@ DSPK_EXPORT size_t dspk_ping_max(const dspk_client *c);
  * DEL and C1: U+0000..U+001F, U+007F..U+009F; TAB, LF and CR too, never
  * as \t \n \r) as \u00NN and a byte that
  * starts no well-formed UTF-8 character as \ufffd: the text is valid JSON
- * and carries no terminal control sequence.
+ * and carries no terminal control sequence.  A float is written in the
+ * fewest significant digits that read back as the same value (a msgpack
+ * float32 as a float32), ".0" after an integral one, by protocol.md's rule
+ * (Malformed input): 0.1, 5.0, 1e-05; a NaN or an infinity as null.
  */
 DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
                                char **json_out);
@@ -491,13 +494,20 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
  * is duplicated (the caller may close its own); the file must not change
  * while a request using it is sent (a file that ends inside the range
  * breaks the connection: DSPK_EIO; DSPK_EIO too, the connection intact,
- * for the large operand whose temporary it cannot fill).  Where sendfile cannot
- * be used (fd is a pipe, or the kernel cannot send a file to this socket)
- * the memory is sent as before.  len 0
- * forgets the range that starts at addr (do so before unmapping it);
- * dspk_close forgets all.  0, DSPK_EINVAL (also for a range whose
- * addr + len wraps around the address space, or whose offset + len passes
- * 2^63-1), DSPK_ENOMEM or DSPK_EIO (dup failed). */
+ * for the large operand whose temporary it cannot fill; both say "an input
+ * file ended before its data was sent (changed while in use?)").  Where
+ * sendfile cannot be used (fd is a pipe, or the kernel cannot send a file
+ * to this socket) the memory is sent as before.  Ranges may overlap: an
+ * operand is sent from the range registered last of those that hold all of
+ * it (one only partly in ranges is sent from memory).  A call with the
+ * addr and len of a registered range replaces that range (its fd and
+ * offset); one with the same addr and another len adds a range, the
+ * registered one staying.  len 0 forgets every range that starts at addr
+ * (do so before unmapping it; fd and offset are then ignored); dspk_close
+ * forgets all.  A call that fails changes nothing: every range registered
+ * before stays.  0, DSPK_EINVAL (also for a range whose addr + len wraps
+ * around the address space, or whose offset + len passes 2^63-1),
+ * DSPK_ENOMEM or DSPK_EIO (dup failed, as for an fd that is not open). */
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Has the first output of ticket's answer written to the open file fd at
@@ -522,7 +532,9 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * what was written is read back, and the caller's own write of the
  * file then reports the error).  fd must be a regular file open for reading and writing (not
  * O_APPEND); it is duplicated, and the file grows as needed; bytes outside
- * the range are not touched.  Call it after dspk_submit and before the
+ * the range are not touched.  A second call for a ticket replaces the
+ * first's file; a call that fails changes nothing (the ticket's earlier
+ * file, if any, stays).  Call it after dspk_submit and before the
  * dspk_wait that returns the answer.  offset is at most 2^62-1 (so that the
  * output's bytes always end before a file's largest offset, 2^63-1): a
  * larger one is DSPK_EINVAL, its message naming that limit.  0, DSPK_EINVAL,

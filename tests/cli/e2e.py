@@ -702,6 +702,25 @@ def suite_info(cli, tmp):
     check(re.fullmatch(r"f64 \(\) on cpu:0, %s: \[11\] \(1 value\)\n"
                        % TIME, out), "summary %r" % out)
     top_terminal(cli)
+    trace_seconds_text(cli, tmp)
+
+
+def trace_seconds_text(cli, tmp):
+    """trace's --json "seconds" and its "recording for N s" line write N in
+    the fewest significant digits that read back as it (docs/cli.md, the
+    one float rule): %g wrote 1.0000001 as 1 and 1e-320 as 9.99989e-321."""
+    out = os.path.join(tmp, "secs.trace.json")
+    for arg, text in (("0.0010000001", "0.0010000001"), ("1e-320", "1e-320"),
+                      ("0.123456789", "0.123456789"), ("0.5", "0.5")):
+        raw = cli.ok("trace", "-o", out, "-s", arg, "--json")
+        check(re.fullmatch(r'\{"output":"[^"]*","seconds":%s,"jobs":[0-9]+,"dropped":[0-9]+\}\n'
+                           % re.escape(text), raw), "trace -s %s --json: %r" % (arg, raw))
+        check(json.loads(raw)["seconds"] == float(arg), "trace -s %s: %r" % (arg, raw))
+    rc, so, tty = run_on_pty([cli.binary, "--socket", cli.sock, "trace", "-o", out,
+                              "-s", "0.123456789"])
+    check(rc == 0 and so == "" and
+          tty == b"dspk-submit: trace: recording for 0.123456789 s...\r\n",
+          "trace on a terminal: %d %r %r" % (rc, so, tty))
 
 
 # The time in a summary: "35 us", "12.3 ms", "4.56 s".

@@ -9,6 +9,7 @@
  * msgids, progress notifications, and malformed task results.  Every
  * failure must be a clear code, never a hang or crash.
  */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -629,6 +630,36 @@ static void test_json_string_escapes(void **state) {
   free(j.p);
 }
 
+/* Library JSON floats (status, devices, dspk_call_json): the fewest
+ * significant digits that read back as the value, a float32 as a float32,
+ * ".0" after an integral one (dspk.h; protocol.md's rule, as
+ * dspk__float_str writes it); %.17g wrote 0.10000000000000001 and the f32
+ * 0.1 as 0.10000000149011612.  Each against the text Python's repr gives
+ * the same double (numpy's for the f32). */
+static void test_json_floats(void **state) {
+  static const struct {
+    double v;
+    bool f32;
+    const char *want;
+  } cases[] = {
+      {0.1, false, "0.1"},       {5.0, false, "5.0"},        {-0.0, false, "-0.0"},
+      {1e-320, false, "1e-320"}, {1e16, false, "1e+16"},     {0.0001, false, "0.0001"},
+      {1.0000001, false, "1.0000001"}, {1.0 / 3, false, "0.3333333333333333"},
+      {(double)0.1f, true, "0.1"}, {(double)(1.0f / 3), true, "0.33333334"},
+      {NAN, false, "null"},      {-INFINITY, true, "null"},
+  };
+  (void)state;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    msgpack_object o = {.type = cases[i].f32 ? MSGPACK_OBJECT_FLOAT32 : MSGPACK_OBJECT_FLOAT64,
+                        .via.f64 = cases[i].v};
+    char *json = NULL;
+    assert_int_equal(dspk__to_json(&o, &json), 0);
+    if (strcmp(json, cases[i].want) != 0)
+      fail_msg("case %zu: %s, want %s", i, json, cases[i].want);
+    free(json);
+  }
+}
+
 static void test_trace_json(void **state) {
   (void)state;
   pthread_t t = run_script(s_trace);
@@ -768,6 +799,7 @@ int main(void) {
       cmocka_unit_test(test_out_of_order_progress),
       cmocka_unit_test(test_trace_json),
       cmocka_unit_test(test_json_string_escapes),
+      cmocka_unit_test(test_json_floats),
       cmocka_unit_test(test_bad_nested),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -8,6 +8,9 @@
  *  - a dspk_file_data file that shrank: DSPK_EIO for an operand of any size
  *    and for dspk_buffer_write's local copy (a short operand, a large one's
  *    temporary and that copy read the mapping: SIGBUS);
+ *  - a refused dspk_file_data (each kind of refusal) at a registered
+ *    range's start, or a dspk_result_to_file refused for a ticket that has
+ *    a file, changes nothing (the range was dropped: SIGBUS);
  *  - many answers read ahead of their waits: each costs O(1) (kept answers
  *    were found by a linear scan and rbuf moved for each frame);
  *  - a 63-byte client name with bytes that are not UTF-8 connects;
@@ -47,6 +50,10 @@ static pid_t daemon_pid = -1, flood_pid = -1;
 /* Daemons of spawn_mm still running: a failed test leaves its own, which
  * the group's teardown stops. */
 static pid_t mm_pids[4];
+/* dspk.h's words for a file range whose file ended before an operand's
+ * bytes (on the sendfile path and the copy into a temporary alike). */
+static const char FILE_ENDED[] = "an input file ended before its data was sent "
+                                 "(changed while in use?)";
 
 static int start_daemons(void **state) {
   (void)state;
@@ -283,8 +290,9 @@ static void test_file_data_shrunk_small(void **state) {
   dspk_result_free(&r);
   assert_int_equal(ftruncate(fd, (off_t)(nb / 2)), 0); /* ends inside the range */
   assert_int_equal(dspk_run(c, &t, &r), DSPK_EIO);
-  assert_non_null(strstr(dspk_last_error(c), "input file ended"));
+  assert_string_equal(dspk_last_error(c), FILE_ENDED);
   assert_int_equal(dspk_ping(c2, m + n / 2 + 1024, 100), DSPK_EIO);
+  assert_string_equal(dspk_last_error(c2), FILE_ENDED);
   dspk_close(c);
   dspk_close(c2);
   munmap(m, nb);
@@ -332,12 +340,216 @@ static void test_file_data_shrunk_copies(void **state) {
   assert_true(((const float *)sp)[24] == 1.0f);
   assert_int_equal(ftruncate(fd, 4096), 0); /* both now end inside the range */
   assert_int_equal(dspk_run(c, &t, &r), DSPK_EIO);
-  assert_non_null(strstr(dspk_last_error(c), "input file ended"));
+  assert_string_equal(dspk_last_error(c), FILE_ENDED);
   assert_int_equal(dspk_buffer_write(c2, sid, 0, m + n / 2, 100), DSPK_EIO);
+  assert_string_equal(dspk_last_error(c2), FILE_ENDED);
   dspk_close(c);
   dspk_close(c2);
   munmap(m, nb);
   close(fd);
+}
+
+/* ---- refused registrations ------------------------------------------------ */
+
+/* Occupies every descriptor number below 64 (fds: those it took; the
+ * count, or -1): a descriptor the library makes while they are held is 64
+ * or more, and fds_limit then makes its next dup fail (EMFILE) even where
+ * it closes one of its own first.  fds_give_back returns them and the
+ * limit. */
+static int fds_fill(int src, int *fds) {
+  int n = 0, f;
+  while ((f = dup(src)) >= 0 && f < 64)
+    fds[n++] = f;
+  if (f >= 64)
+    close(f);
+  return f >= 0 ? n : -1;
+}
+
+/* A soft RLIMIT_NOFILE of 64 (old: the limit before). */
+static int fds_limit(struct rlimit *old) {
+  struct rlimit low;
+  if (getrlimit(RLIMIT_NOFILE, old) != 0)
+    return -1;
+  low = *old;
+  low.rlim_cur = 64;
+  return setrlimit(RLIMIT_NOFILE, &low);
+}
+
+static void fds_give_back(int *fds, int n, const struct rlimit *old) {
+  (void)setrlimit(RLIMIT_NOFILE, old);
+  while (n > 0)
+    close(fds[--n]);
+}
+
+/* A child of these tests ends at its first failed check, or by a signal:
+ * not through cmocka's handlers, which would go on with the parent's tests
+ * in the child. */
+static void child_signals(void) {
+  static const int sigs[] = {SIGBUS, SIGSEGV, SIGILL, SIGFPE, SIGABRT, SIGSYS};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    signal(sigs[i], SIG_DFL);
+}
+
+/* The child of test_file_data_refused for one way out of a file range
+ * (way 0: 100 floats, sent with sendfile; 1: all 4 MiB, above the shared
+ * threshold, sent with sendfile too; 2: 640 KiB to a daemon of max_message
+ * 1 MiB, read from the file into a temporary): every kind of refused
+ * dspk_file_data at the range's start, then a successful one of another
+ * length there, leave the range registered, so that once the file shrank
+ * the operand is DSPK_EIO saying so (a dropped range sent it from the
+ * mapping: SIGBUS, or EIO "Bad address"). */
+static void refused_child(int fd, int way) {
+  const size_t n = 1 << 20, nb = n * sizeof(float);
+  const int64_t k = way == 0 ? 100 : way == 1 ? (int64_t)n : 160 << 10;
+  const float *at;
+  dspk_client *c = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  struct rlimit old;
+  int spare[64], ns, closed, rc;
+  float *m = mmap(NULL, nb, PROT_READ, MAP_SHARED, fd, 0);
+
+  child_signals();
+  CHILD_CHECK(m != MAP_FAILED, 2);
+  at = way == 0 ? m + n / 2 + 1024 : way == 1 ? m : m + 1024;
+  CHILD_CHECK(dspk_connect(way == 2 ? floodsock : sockpath, "refused", &c) == 0, 3);
+  CHILD_CHECK((ns = fds_fill(fd, spare)) >= 0, 4);
+  CHILD_CHECK(dspk_file_data(c, m, nb, fd, 0) == 0, 5);
+  /* Refused: no descriptor left for the dup (the range's own, which the
+   * call dropped first, freed none below the limit), a bad fd, an offset
+   * past a file's largest, a wrapping range, an fd that is not open. */
+  CHILD_CHECK(fds_limit(&old) == 0, 6);
+  rc = dspk_file_data(c, m, 10, fd, 0);
+  fds_give_back(spare, ns, &old);
+  CHILD_CHECK(rc == DSPK_EIO, 10);
+  CHILD_CHECK(dspk_file_data(c, m, 10, -1, 0) == DSPK_EINVAL, 11);
+  CHILD_CHECK(dspk_file_data(c, m, 10, fd, (uint64_t)INT64_MAX) == DSPK_EINVAL, 12);
+  CHILD_CHECK(dspk_file_data(c, m, SIZE_MAX, fd, 0) == DSPK_EINVAL, 13);
+  closed = dup(fd); /* a number no descriptor has (none is opened below) */
+  CHILD_CHECK(closed >= 0 && close(closed) == 0, 14);
+  CHILD_CHECK(dspk_file_data(c, m, 10, closed, 0) == DSPK_EIO, 15);
+  /* Another range at m, 10 bytes: the 4 MiB one stays and holds the operand. */
+  CHILD_CHECK(dspk_file_data(c, m, 10, fd, 0) == 0, 16);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &k, at);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = "cpu:0";
+  t.reduce.fn = DSPK_REDUCE_SUM;
+  t.inputs = &in;
+  t.ninputs = 1;
+  CHILD_CHECK(dspk_run(c, &t, &r) == 0, 20);
+  CHILD_CHECK(*(const float *)r.out[0].data == (float)k, 21);
+  dspk_result_free(&r);
+  CHILD_CHECK(ftruncate(fd, 4096) == 0, 22); /* ends inside the operand */
+  CHILD_CHECK(dspk_run(c, &t, &r) == DSPK_EIO, 30);
+  CHILD_CHECK(strcmp(dspk_last_error(c), FILE_ENDED) == 0, 31);
+  dspk_close(c);
+  _exit(0);
+}
+
+/* A dspk_file_data call that fails changes nothing (dspk.h): the range
+ * registered at the same address stays, on each way its bytes leave. */
+static void test_file_data_refused(void **state) {
+  static const char *const ways[] = {"a short operand (sendfile)",
+                                     "an operand above the shared threshold (sendfile)",
+                                     "an operand too large for the socket (read into a "
+                                     "temporary)"};
+  const size_t nb = (size_t)4 << 20;
+  float *ones = malloc(nb);
+  char why[512] = "";
+  size_t at = 0;
+  (void)state;
+  assert_non_null(ones);
+  for (size_t i = 0; i < nb / sizeof(float); i++)
+    ones[i] = 1.0f;
+  for (int way = 0; way < 3; way++) {
+    int fd = tmpfile_rw("refused.bin"), st = 0;
+    pid_t pid;
+    assert_int_equal(write(fd, ones, nb), (ssize_t)nb);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+      refused_child(fd, way);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    close(fd);
+    if (WIFSIGNALED(st))
+      at += (size_t)snprintf(why + at, sizeof why - at, "%s: killed by signal %d (%s); ",
+                             ways[way], WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      at += (size_t)snprintf(why + at, sizeof why - at, "%s: check %d failed; ", ways[way],
+                             WEXITSTATUS(st));
+  }
+  free(ones);
+  if (at)
+    fail_msg("%s", why);
+}
+
+/* A dspk_result_to_file call that fails (no descriptor left for its dup)
+ * leaves the ticket's earlier file registered: the answer goes there. */
+static void refused_to_file_child(int outa, int outb) {
+  const int64_t n = 65536; /* 256 KiB: at least 64 KiB */
+  float *x = malloc(sizeof(float) * (size_t)n), back[4];
+  dspk_client *c = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  struct rlimit old;
+  uint32_t tk;
+  bool wa = false, wb = true;
+  int spare[64], ns, rc;
+
+  child_signals();
+  CHILD_CHECK(x != NULL, 2);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = (float)(i % 251);
+  CHILD_CHECK(dspk_connect(sockpath, "refused_to_file", &c) == 0, 3);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &n, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.map.fn = DSPK_MAP_SCALE;
+  t.map.alpha = 3.0;
+  t.inputs = &in;
+  t.ninputs = 1;
+  CHILD_CHECK((ns = fds_fill(outb, spare)) >= 0, 4);
+  CHILD_CHECK(dspk_submit(c, &t, &tk) == 0, 5);
+  CHILD_CHECK(dspk_result_to_file(c, tk, outa, 0, &wa) == 0, 6);
+  /* Refused: no descriptor left for the dup (the ticket's own, which the
+   * call dropped first, freed none below the limit), an offset too large. */
+  CHILD_CHECK(fds_limit(&old) == 0, 7);
+  rc = dspk_result_to_file(c, tk, outb, 0, &wb);
+  fds_give_back(spare, ns, &old);
+  CHILD_CHECK(rc == DSPK_EIO, 10);
+  CHILD_CHECK(dspk_result_to_file(c, tk, outb, (uint64_t)1 << 62, &wb) == DSPK_EINVAL, 11);
+  CHILD_CHECK(dspk_wait(c, tk, &r) == 0, 20);
+  CHILD_CHECK(wa, 21);
+  CHILD_CHECK(wb, 22); /* untouched */
+  CHILD_CHECK(((const float *)r.out[0].data)[n - 1] == x[n - 1] * 3.0f, 23);
+  CHILD_CHECK(pread(outa, back, sizeof back, (off_t)(sizeof(float) * 1000)) == sizeof back, 24);
+  for (int i = 0; i < 4; i++)
+    CHILD_CHECK(back[i] == x[1000 + i] * 3.0f, 25);
+  CHILD_CHECK(lseek(outb, 0, SEEK_END) == 0, 26); /* nothing went to the refused one */
+  dspk_result_free(&r);
+  dspk_close(c);
+  free(x);
+  _exit(0);
+}
+
+static void test_result_to_file_refused(void **state) {
+  int outa = tmpfile_rw("to_file_a.bin"), outb = tmpfile_rw("to_file_b.bin"), st = 0;
+  pid_t pid;
+  (void)state;
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    refused_to_file_child(outa, outb);
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  close(outa);
+  close(outb);
+  if (WIFSIGNALED(st))
+    fail_msg("the child was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st) != 0)
+    fail_msg("the child's check %d failed", WEXITSTATUS(st));
 }
 
 /* ---- many answers kept --------------------------------------------------- */
@@ -1088,6 +1300,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_wrapping_ranges),
       cmocka_unit_test(test_file_data_shrunk_small),
       cmocka_unit_test(test_file_data_shrunk_copies),
+      cmocka_unit_test(test_file_data_refused),
+      cmocka_unit_test(test_result_to_file_refused),
       cmocka_unit_test(test_many_kept_answers),
       cmocka_unit_test(test_client_name_63),
       cmocka_unit_test(test_tensor_size_overflow),

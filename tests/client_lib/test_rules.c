@@ -9,6 +9,8 @@
  *  - dspk_result_to_file after answers were buffered (a grown receive
  *    buffer), and for results that come through a shared temporary;
  *  - dspk_file_data ranges take the sendfile path whatever their size;
+ *    several at one address: the same len replaces, another adds, the
+ *    last registered that holds an operand sends it, len 0 forgets all;
  *  - kernel.entry NULL is "main", a bad kernel field is named;
  *  - dspk_buffer_read of 0 bytes is a buffer.read;
  *  - a shared allocation on another device than the task's is an error
@@ -437,6 +439,69 @@ static void test_file_data_big(void **state) {
   free(x);
 }
 
+/* Ranges at one address (dspk.h): the same addr and len again replaces the
+ * range's file and offset; another len adds a range, the first staying; an
+ * operand goes from the last registered range that holds all of it; len 0
+ * forgets every range at addr.  The two files differ, so the sum says
+ * which one the daemon got: A (ones, also the mapping's bytes) or B
+ * (twos). */
+static void test_file_data_same_addr(void **state) {
+  const int64_t n = 1 << 16, half = n / 2;
+  const size_t nb = sizeof(float) * (size_t)n;
+  float *x = malloc(nb);
+  dspk_client *k = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  int fa = tmpfile_rw("same_addr_a.bin"), fb = tmpfile_rw("same_addr_b.bin");
+  (void)state;
+  assert_non_null(x);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = 1.0f;
+  assert_int_equal(write(fa, x, nb), (ssize_t)nb);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = 2.0f;
+  assert_int_equal(write(fb, x, nb), (ssize_t)nb);
+  float *m = mmap(NULL, nb, PROT_READ, MAP_SHARED, fa, 0);
+  assert_true(m != MAP_FAILED);
+  assert_int_equal(dspk_connect(sockpath, "file_data_same_addr", &k), 0);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &n, m);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = "cpu:0";
+  t.reduce.fn = DSPK_REDUCE_SUM;
+  t.inputs = &in;
+  t.ninputs = 1;
+#define SUM_IS(len, want)                                     \
+  do {                                                        \
+    in.shape[0] = (len);                                      \
+    in.nbytes = sizeof(float) * (size_t)(len);                \
+    assert_int_equal(dspk_run(k, &t, &r), 0);                 \
+    assert_true(*(const float *)r.out[0].data == (float)(want)); \
+    dspk_result_free(&r);                                     \
+  } while (0)
+  assert_int_equal(dspk_file_data(k, m, nb, fa, 0), 0);
+  assert_int_equal(dspk_file_data(k, m, nb / 2, fb, 0), 0); /* added */
+  assert_int_equal(k->nfmaps, 2);
+  SUM_IS(n, n);            /* only A's range holds it */
+  SUM_IS(half, 2 * half);  /* both do: B's, the last */
+  assert_int_equal(dspk_file_data(k, m, nb, fb, 0), 0); /* replaces A's range */
+  assert_int_equal(k->nfmaps, 2);
+  SUM_IS(n, 2 * n);
+  assert_int_equal(dspk_file_data(k, m, nb / 2, fa, 0), 0); /* replaces, now the last */
+  assert_int_equal(k->nfmaps, 2);
+  SUM_IS(half, half);
+  SUM_IS(n, 2 * n);
+  assert_int_equal(dspk_file_data(k, m, 0, -1, 0), 0); /* forgets both */
+  assert_int_equal(k->nfmaps, 0);
+  SUM_IS(n, n); /* from the mapping: A's bytes */
+#undef SUM_IS
+  dspk_close(k);
+  munmap(m, nb);
+  close(fa);
+  close(fb);
+  free(x);
+}
+
 /* ---- kernel fields -------------------------------------------------------------- */
 
 static const char GLSL_INC[] = "#version 450\nlayout(local_size_x=1) in;\n"
@@ -703,6 +768,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_to_file_after_buffered),
       cmocka_unit_test(test_to_file_big),
       cmocka_unit_test(test_file_data_big),
+      cmocka_unit_test(test_file_data_same_addr),
       cmocka_unit_test(test_kernel_fields),
       cmocka_unit_test(test_protocol_error_first),
       cmocka_unit_test(test_zero_byte_calls),
