@@ -531,6 +531,36 @@ def smi_child(sdir, tmp, sock):
           % (p, pids))
 
 
+def not_socket(sdir, tmp, fake):
+    """The epilog with something other than a socket at the socket path says what is there,
+    in the words of dspkd and dspk-submit (proto/sockpath.c's dspk__file_kind), then ends
+    the job in the state file as without a daemon: it said "no socket file" of a regular
+    file (probe 18 F4).  Links are followed; one to nothing is no socket file."""
+    base = os.path.join(tmp, "notsock")
+    os.mkdir(base)
+    reg = os.path.join(base, "reg.sock")
+    open(reg, "w").close()
+    os.mkdir(os.path.join(base, "dir.sock"))
+    os.mkfifo(os.path.join(base, "fifo.sock"))
+    os.symlink("/dev/null", os.path.join(base, "chr.sock"))
+    os.symlink("reg.sock", os.path.join(base, "link.sock"))
+    os.symlink("nothing", os.path.join(base, "dangling.sock"))
+    for name, said in (("reg", "a regular file, not a socket"),
+                       ("dir", "a directory, not a socket"),
+                       ("fifo", "a FIFO, not a socket"),
+                       ("chr", "a character device, not a socket"),
+                       ("link", "a regular file, not a socket"),
+                       ("dangling", "no socket file")):
+        path = os.path.join(base, name + ".sock")
+        p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=path)
+        check(p.returncode == 0 and p.stdout == "" and p.args is None and
+              p.stderr == "warned\ndspk epilog: job 7: no dspkd listens on %s (%s); dspkd "
+              "--end-job: Slurm job 7 (uid 1000): ended in /x.jobs\n" % (path, said) and
+              open(fake + ".args").read().splitlines() ==
+              [path, "--socket", path, "--end-job", "7"],
+              "the epilog with %s at the socket path: %r" % (name, p))
+
+
 def one_uuid(sdir, tmp, sock):
     """One UUID under two indices (a line copied and its index changed) fails the prolog
     of a job with either index, naming both lines, in the map file and in nvidia-smi's
@@ -798,6 +828,7 @@ def main():
         quoting(sdir, tmp, sock)
         job_gpus(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
+        not_socket(sdir, tmp, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
         print("ok scripts")
