@@ -775,13 +775,23 @@ int dspkd_m_job_end(struct req *r) {
   }
   char why[64];
   snprintf(why, sizeof why, "Slurm job %" PRIu64 " ended on this node", id);
+  /* Every connection still bound to the job counts, one being closed
+   * already included: at a Slurm job's end slurmstepd has killed the job's
+   * processes before the epilog runs, so a connection whose task still runs
+   * on a device (a raw kernel, a vulkan gemm: a cancel does not stop it) is
+   * closing by now, yet it stays the job's until that task ends, and the
+   * answer, the log and status must say so (they said 0 connections and 0
+   * requests in flight while status showed both: probe 18 F1).  Its buffers
+   * are counted as status counts them: those in its table and those that a
+   * request still holds (freed when that request ends). */
   for (struct conn *c = d->conns; c; c = c->next) {
-    if (c->job != j || c->closing)
+    if (c->job != j)
       continue;
     nconns++;
     inflight += dspkd_conn_inflight(c);
-    buffers += c->nbufs;
-    dspkd_conn_close_notice(c, DSPK_EPERM, why);
+    buffers += c->nbufs + c->held_bufs;
+    if (!c->closing)
+      dspkd_conn_close_notice(c, DSPK_EPERM, why);
   }
   /* "In flight", not "canceled": what a cancel does not stop runs to its
    * end, and the line of the end's end (djob_finish) says which did. */

@@ -90,7 +90,10 @@ uint64_t dspkd_sched_clients_locked(struct device *dev, const struct cqueue *run
  * runner waits, before (after) the backend runs a task, until the task is
  * canceled (at most 30 s), so that tests/daemon can cancel a task at that
  * exact point: "after" is a task whose work completed before its cancel
- * came, "before" one whose work the cancel stops. */
+ * came, "before" one whose work the cancel stops.  =after:PATH (or
+ * before:PATH) then goes on waiting until PATH exists (within the same
+ * 30 s): a task that a cancel does not stop, still running after its
+ * client has gone, for as long as the test wants (tests/cluster). */
 void dspkd_test_cancel_wait(struct job *j, const char *when);
 #else
 #define dspkd_test_cancel_wait(j, when) ((void)0)

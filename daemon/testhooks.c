@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <signal.h>
 #include <stdio.h>
@@ -101,11 +102,22 @@ void dspkd_test_runner_job(struct device *dev) {
 void dspkd_test_cancel_wait(struct job *j, const char *when) {
   const char *e = DSPK_TEST_HOOK("DSPKD_TEST_CANCEL_WAIT");
   struct timespec ms = {0, 1000000};
-  if (!e || strcmp(e, when) != 0)
+  size_t n = strlen(when);
+  const char *file = NULL;
+  int i = 0;
+  if (!e || strncmp(e, when, n) != 0 || (e[n] != '\0' && e[n] != ':'))
     return;
-  dspkd_warn("test: the runner waits for the task's cancel %s it runs "
-             "(DSPKD_TEST_CANCEL_WAIT=%s)", strcmp(when, "after") ? "before" : "after", when);
-  for (int i = 0; i < 30000 && !atomic_load(&j->cancel); i++)
+  if (e[n] == ':')
+    file = e + n + 1;
+  dspkd_warn("test: the runner waits for the task's cancel %s it runs%s%s "
+             "(DSPKD_TEST_CANCEL_WAIT=%s)", strcmp(when, "after") ? "before" : "after",
+             file ? ", then for the file " : "", file ? file : "", e);
+  for (; i < 30000 && !atomic_load(&j->cancel); i++)
+    nanosleep(&ms, NULL);
+  if (!file)
+    return;
+  dspkd_warn("test: the runner saw the task's cancel; it waits for the file %s", file);
+  for (; i < 30000 && access(file, F_OK) != 0; i++)
     nanosleep(&ms, NULL);
 }
 

@@ -196,46 +196,89 @@ esac || {
   exit 127
 }
 
-# run_submit WHY ARGS...: dspk-submit --socket SOCKET ARGS..., bounded by the timeout;
-# when it runs out (exit 124), one line on stderr says so, ending with WHY.
-# shellcheck disable=SC2317 # called through capture
-run_submit() {
+# bounded [-m] COMMAND...: COMMAND run with LC_ALL=C (the system's reasons
+# in English), its standard input /dev/null, bounded by the timeout: its
+# standard output in ans, its standard error in err (-m: both in ans, in
+# the order written; err empty) and its status in rc (124 when the timeout
+# ran out, 137 when it also needed SIGKILL, for a command that ignores
+# SIGTERM).  Every command the scripts run that waits on something outside
+# them goes through it (dspk-submit, nvidia-smi, the map file's read, stat
+# of the map, dspkd --end-job), so that the timeout bounds the whole of it:
+#   - COMMAND runs in a process group of its own (timeout(1), without
+#     --foreground, makes one, with its own pid as the group's id), which
+#     timeout kills at the timeout, COMMAND's children with it;
+#   - what is left of the group once COMMAND has exited (a child it left
+#     behind, such as an nvidia-smi's `sleep &`) is killed then;
+#   - the output goes to files, never to a pipe: a child that kept a pipe
+#     open would hold the reader (a command substitution waits for the end
+#     of the pipe, not for the command) past the timeout (probe 18 F2).
+# The group's id is killed after timeout is reaped: while a leftover lives,
+# the id stays its group's (Linux frees a pid only when no process uses it
+# as a pid, group or session); with none left, that kill finds nothing (a
+# pid is given out again only after the whole pid range has been used).
+# The shell's own report of a child killed by a signal ("Killed": timeout
+# kills itself with its group) goes to /dev/null, so that a message stays
+# the script's one line (probe 18 F3).
+tdir='' bpid=''
+# The temporary directory and the group still running go when the script
+# exits, or is stopped by SIGTERM, SIGINT or SIGHUP (slurmd's own timeout).
+# shellcheck disable=SC2317 # run by the traps
+bounded_cleanup() {
+  [ -z "$bpid" ] || kill -KILL "-$bpid" 2>/dev/null
+  [ -z "$tdir" ] || rm -rf -- "$tdir"
+}
+trap bounded_cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
+bounded() {
+  merge=
+  if [ "$1" = -m ]; then
+    merge=y
+    shift
+  fi
+  if [ -z "$tdir" ]; then
+    tdir=$(mktemp -d "${TMPDIR:-/tmp}/dspk-$what.XXXXXXXX" 2>/dev/null) || {
+      tdir=
+      say "dspk $what: job $job: cannot make a temporary directory in ${TMPDIR:-/tmp} (for" \
+        "the output of $1)" >&2
+      exit 1
+    }
+  fi
+  if [ -n "$merge" ]; then
+    (LC_ALL=C; export LC_ALL; exec timeout -k 1 "$tmo" "$@") </dev/null >"$tdir/out" 2>&1 &
+  else
+    (LC_ALL=C; export LC_ALL; exec timeout -k 1 "$tmo" "$@") </dev/null >"$tdir/out" \
+      2>"$tdir/err" &
+  fi
+  bpid=$!
+  wait "$bpid" 2>/dev/null
+  rc=$?
+  kill -KILL "-$bpid" 2>/dev/null
+  bpid=
+  ans=$(cat -- "$tdir/out"; echo x)
+  ans=${ans%x}
+  err=
+  [ -n "$merge" ] || err=$(cat -- "$tdir/err")
+  rm -f -- "$tdir/out" "$tdir/err"
+}
+nl='
+'
+
+# submit_capture WHY ARGS...: bounded dspk-submit --socket SOCKET ARGS...;
+# when the timeout runs out (rc 124, also after SIGKILL), err ends with the
+# line that says so, ending with WHY, so that the script can check the
+# answer before it takes an exit 0 for one.
+submit_capture() {
   why=$1
   shift
-  timeout "$tmo" "$submit" --socket "$socket" "$@"
-  rc=$?
-  [ "$rc" -ne 124 ] ||
-    say "dspk $what: job $job: no answer from dspkd on $socket_v within $tmo s ($tvar);" \
-      "$why" >&2
-  return "$rc"
-}
-
-# capture COMMAND...: COMMAND run with LC_ALL=C (the system's reasons in
-# English), its standard output in ans, its standard error in err and its
-# status in rc.
-capture() {
-  nl='
-'
-  all=$(exec 4>&1
-    e=$(LC_ALL=C
-      export LC_ALL
-      "$@" 2>&1 >&4 4>&-)
-    r=$?
-    printf '\n@@dspk exit %s\n%s' "$r" "$e")
-  ans=${all%%"$nl@@dspk exit "*}
-  rest=${all#*"$nl@@dspk exit "}
-  rc=${rest%%"$nl"*}
-  case $rest in
-    *"$nl"*) err=${rest#*"$nl"} ;;
-    *) err= ;;
+  bounded "$submit" --socket "$socket" "$@"
+  case $rc in
+    124 | 137)
+      rc=124
+      err="${err:+$err$nl}dspk $what: job $job: no answer from dspkd on $socket_v within $tmo"
+      err="$err s ($tvar); $why" ;;
   esac
-}
-
-# submit_capture WHY ARGS...: capture run_submit WHY ARGS... (the timeout's
-# line in err), so that the script can check the answer before it takes an
-# exit 0 for one.
-submit_capture() {
-  capture run_submit "$@"
 }
 
 # one_line TEXT: TEXT's lines joined with "; ", blank ones dropped, each

@@ -331,6 +331,7 @@ def run(exe, submit, epilog, tmp, case=None):
             d.stop()
             daemon_check(Daemon(exe, tmp), ending)
             daemon_check(Daemon(exe, tmp, env={"DSPKD_TEST_CANCEL_WAIT": "after"}), end_log)
+            killed_case(exe, submit, epilog, tmp)
             daemon_check(Daemon(exe, tmp), ending_again)
             return 0
         if case == "cgroup":
@@ -652,6 +653,7 @@ def run(exe, submit, epilog, tmp, case=None):
     os.unlink(os.path.join(tmp, "dspkd.log"))
     daemon_check(Daemon(exe, tmp), ending)
     daemon_check(Daemon(exe, tmp, env={"DSPKD_TEST_CANCEL_WAIT": "after"}), end_log)
+    killed_case(exe, submit, epilog, tmp)
     daemon_check(Daemon(exe, tmp), ending_again)
     os.unlink(os.path.join(tmp, "dspkd.log"))
     d = Daemon(exe, tmp)
@@ -768,6 +770,91 @@ def end_log(d):
           any(x.endswith("Slurm job 92: its end is done: 1 request(s) canceled, 1 ran to "
                          "their end (work a cancel does not stop)") for x in log),
           "job 92's end in the log: %r" % (log,))
+
+
+def killed_client(d, epilog, submit, release):
+    """A job whose client was killed while its task runs (under Slurm, slurmstepd kills
+    the job's processes before the epilog runs): the connection is closed from the peer's
+    side, yet it stays the job's until its task ends, and the epilog's job.end, its log line
+    and status count it, its request in flight and the buffer that request holds (they said
+    0 connections, 0 requests, 0 buffers while status showed the job with both, and the
+    later line "1 ran to their end": probe 18 F1).  DSPKD_TEST_CANCEL_WAIT=after:RELEASE
+    holds the cpu runner after its gemm ran, past the cancel that the hang-up brings, until
+    the file RELEASE exists: a task that a cancel does not stop (a raw kernel, a vulkan
+    gemm), for exactly as long as the test wants."""
+    admin = d.client()
+    job, n = 98, 320  # not quick (cpu.c): a runner, not the loop
+    admin.call("job.register", {"job": job, "uid": os.getuid(), "devices": []})
+    args = gemm_args("cpu:0", n)[0]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the job's process: its client, killed mid-task
+        try:
+            os.close(r)
+            c = d.client(job=job)
+            a = args["inputs"][0]
+            b = c.call("buffer.create", {"device": "cpu:0", "size": len(a["data"])})["buffer"]
+            c.call("buffer.write", {"buffer": b, "data": a["data"]})
+            args["inputs"][0] = {"buffer": b, "dtype": "f32", "shape": a["shape"]}
+            c.send("task.run", args)
+            os.write(w, b"sent")
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    os.close(w)
+    check(os.read(r, 4) == b"sent", "the job's client did not send its task")
+    deadline = time.monotonic() + TIMEOUT
+    held = "then for the file %s (DSPKD_TEST_CANCEL_WAIT=" % release
+    while held not in d.logtext():
+        check(time.monotonic() < deadline, "job %d: its gemm never ran" % job)
+    cid = [x["id"] for x in admin.call("status", {})["clients"] if x["job"] == job]
+    check(len(cid) == 1, "job %d: one connection: %r" % (job, cid))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    os.close(r)
+    # The daemon saw the hang-up (its debug line) and canceled the task, which runs on.
+    gone = "client %d: closing: " % cid[0]
+    while gone not in d.logtext() or "the runner saw the task's cancel" not in d.logtext():
+        check(time.monotonic() < deadline, "job %d: its client's hang-up not seen" % job)
+    j = status_job(admin, job)
+    check((j["connections"], j["inflight"], j["buffers"], j["buffer_bytes"], j["ended"]) ==
+          (1, 1, 1, 4 * n * n, False), "job %d after its client was killed: %r" % (job, j))
+    # The epilog, as slurmd runs it: it waits for the task (held) and answers after it.
+    ep = subprocess.Popen([epilog], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=epilog_env(d.sock, job, DSPK_SUBMIT=submit))
+    try:
+        line = "Slurm job %d ended: " % job
+        while line not in d.logtext():
+            check(time.monotonic() < deadline and ep.poll() is None,
+                  "job %d: no end in the log (epilog: %r)" % (job, ep.poll()))
+        log = [x for x in d.logtext().splitlines() if line in x]
+        check(len(log) == 1 and log[0].endswith(
+            line + "1 connection(s) closed, 1 request(s) in flight, 1 buffer(s) freed"),
+            "job %d's end in the log: %r" % (job, log))
+        # status agrees with the end while the task still runs
+        j = status_job(admin, job)
+        check((j["connections"], j["inflight"], j["buffers"], j["ended"]) == (1, 1, 1, True),
+              "job %d ending: %r" % (job, j))
+    finally:
+        open(release, "w").close()
+    out, err = ep.communicate(timeout=TIMEOUT)
+    check(ep.returncode == 0 and err == "" and json.loads(out) ==
+          {"job": job, "ended": True, "connections": 1, "inflight": 1, "buffers": 1},
+          "the epilog of job %d: %r %r %r" % (job, ep.returncode, out, err))
+    log = [x for x in d.logtext().splitlines() if "Slurm job %d: its end" % job in x]
+    check(len(log) == 1 and log[0].endswith(
+        "Slurm job %d: its end is done: 0 request(s) canceled, 1 ran to their end (work a "
+        "cancel does not stop)" % job), "job %d's end's end in the log: %r" % (job, log))
+    check(status_job(admin, job) is None, "job %d left after its end" % job)
+
+
+def killed_case(exe, submit, epilog, tmp):
+    """killed_client on a daemon whose cpu runner holds its task until the file exists."""
+    release = os.path.join(tmp, "release-98")
+    d = Daemon(exe, tmp, env={"DSPKD_TEST_CANCEL_WAIT": "after:" + release})
+    daemon_check(d, lambda d: killed_client(d, epilog, submit, release))
+    os.unlink(release)
 
 
 def ending_again(d):

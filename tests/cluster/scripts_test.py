@@ -435,6 +435,132 @@ def smi_hangs(sdir, tmp, sock):
     check(gone, "the hung nvidia-smi (pid %d) is killed" % pid)
 
 
+def dead(pid):
+    """Whether process pid is gone (or a zombie, killed and waiting for its reaper)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def smi_child(sdir, tmp, sock):
+    """The timeout bounds all of a command the prolog or epilog runs, its children
+    included (probe 18 F2, F3): an nvidia-smi that leaves a child holding its standard
+    output (or error) open no longer holds the prolog until that child ends (it waited for
+    the end of the pipe, past the timeout), and the child is killed; a command that
+    ignores SIGTERM is killed a second after the timeout and the prolog's or epilog's
+    message stays one line (the shell added "Killed").  Each child blocks on a FIFO no one
+    writes, for good: the prolog returns only through the fix (the test waits on its
+    exit, within run()'s bound)."""
+    fifo = os.path.join(tmp, "child.fifo")
+    os.mkfifo(fifo)
+    pidf = os.path.join(tmp, "child.pids")
+    path = os.path.join(tmp, "smi-child-gpus")
+    with open(path, "w") as f:
+        f.write("5 %s\n" % UUID[3])
+    prolog = os.path.join(sdir, "prolog")
+    tail = (", asked for the UUID of GPU index 0; the job is not registered (fix nvidia-smi, "
+            "or map the index in %s)\n" % path)
+    hung = ("dspk prolog: job 7: no answer from nvidia-smi within 1 s (DSPK_PROLOG_TIMEOUT), "
+            "asked for the UUID of GPU index 0; the job is not registered\n")
+    cases = (
+        # A child holding stdout; nvidia-smi answers and exits 0.
+        ("cat %s & echo $! >> %s\necho '0, GPU-%s'\n" % (fifo, pidf, UUID[0]), "60", 0, ""),
+        # A child holding stderr; nvidia-smi fails.
+        ("cat %s >/dev/null & echo $! >> %s\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n"
+         % (fifo, pidf), "60", 1,
+         "dspk prolog: job 7: nvidia-smi --query-gpu=index,uuid failed (exit 9: NVIDIA-SMI "
+         "has failed)" + tail),
+        # nvidia-smi hangs with its child: both killed at the timeout.
+        ("cat %s & echo $! >> %s\necho $$ >> %s\nexec cat %s\n" % (fifo, pidf, pidf, fifo),
+         "1", 124, hung),
+        # Both ignore SIGTERM: SIGKILL a second later, and still one line.
+        ("trap '' TERM\ncat %s & echo $! >> %s\necho $$ >> %s\nexec cat %s\n"
+         % (fifo, pidf, pidf, fifo), "1", 124, hung))
+    for body, tmo, rc, err in cases:
+        if os.path.exists(pidf):
+            os.unlink(pidf)
+        env = fake_smi(tmp, body)
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, PATH=env, SLURM_JOB_GPUS="0",
+                DSPK_PROLOG_TIMEOUT=tmo)
+        out = p.args or []
+        check(p.returncode == rc and p.stderr == err and
+              (out[out.index("--devices") + 1] == "GPU-" + UUID[0] if rc == 0 else
+               p.args is None), "nvidia-smi %r: %r" % (body, p))
+        with open(pidf) as f:
+            pids = [int(x) for x in f.read().split()]
+        check(pids and all(dead(x) for x in pids),
+              "nvidia-smi %r: its processes %r are killed" % (body, pids))
+    # dspk-submit (the prolog's and the epilog's) that ignores SIGTERM and leaves a child
+    # holding its output: exit 124, one line, every process killed.
+    fake = os.path.join(tmp, "hung-submit")
+    with open(fake, "w") as f:
+        f.write("#!/bin/sh\ntrap '' TERM\ncat %s & echo $! >> %s\necho $$ >> %s\n"
+                "exec cat %s\n" % (fifo, pidf, pidf, fifo))
+    os.chmod(fake, 0o755)
+    for s, why in (("prolog", "the job is not registered"),
+                   ("epilog", "the job's work may still be in the daemon")):
+        if os.path.exists(pidf):
+            os.unlink(pidf)
+        p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, DSPK_SUBMIT=fake,
+                **{"DSPK_%s_TIMEOUT" % s.upper(): "1"})
+        check(p.returncode == 124 and p.stdout == "" and
+              p.stderr == "dspk %s: job 7: no answer from dspkd on %s within 1 s (DSPK_%s_"
+              "TIMEOUT); %s\n" % (s, sock, s.upper(), why), "%s, a hung dspk-submit: %r"
+              % (s, p))
+        with open(pidf) as f:
+            pids = [int(x) for x in f.read().split()]
+        check(len(pids) == 2 and all(dead(x) for x in pids),
+              "%s: the hung dspk-submit's processes %r are killed" % (s, pids))
+    # dspkd --end-job (the epilog without a daemon) likewise: exit 124 with one line.
+    if os.path.exists(pidf):
+        os.unlink(pidf)
+    none = os.path.join(tmp, "none.sock")
+    p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=none, DSPK_DSPKD=fake,
+            DSPK_EPILOG_TIMEOUT="1")
+    with open(pidf) as f:
+        pids = [int(x) for x in f.read().split()]
+    check(p.returncode == 124 and p.stdout == "" and
+          p.stderr == "dspk epilog: job 7: no dspkd listens on %s (no socket file), and %s "
+          "--end-job did not finish within 1 s (DSPK_EPILOG_TIMEOUT): whether the job is "
+          "registered in its state file is not known; end it before dspkd serves again "
+          "(dspkd --socket %s --end-job 7, with the daemon's other options), or through the "
+          "daemon once it listens (dspk-submit job end --job 7)\n" % (none, fake, none) and
+          len(pids) == 2 and all(dead(x) for x in pids), "a hung dspkd --end-job: %r %r"
+          % (p, pids))
+
+
+def not_socket(sdir, tmp, fake):
+    """The epilog with something other than a socket at the socket path says what is there,
+    in the words of dspkd and dspk-submit (proto/sockpath.c's dspk__file_kind), then ends
+    the job in the state file as without a daemon: it said "no socket file" of a regular
+    file (probe 18 F4).  Links are followed; one to nothing is no socket file."""
+    base = os.path.join(tmp, "notsock")
+    os.mkdir(base)
+    reg = os.path.join(base, "reg.sock")
+    open(reg, "w").close()
+    os.mkdir(os.path.join(base, "dir.sock"))
+    os.mkfifo(os.path.join(base, "fifo.sock"))
+    os.symlink("/dev/null", os.path.join(base, "chr.sock"))
+    os.symlink("reg.sock", os.path.join(base, "link.sock"))
+    os.symlink("nothing", os.path.join(base, "dangling.sock"))
+    for name, said in (("reg", "a regular file, not a socket"),
+                       ("dir", "a directory, not a socket"),
+                       ("fifo", "a FIFO, not a socket"),
+                       ("chr", "a character device, not a socket"),
+                       ("link", "a regular file, not a socket"),
+                       ("dangling", "no socket file")):
+        path = os.path.join(base, name + ".sock")
+        p = run(os.path.join(sdir, "epilog"), DSPK_SOCKET=path)
+        check(p.returncode == 0 and p.stdout == "" and p.args is None and
+              p.stderr == "warned\ndspk epilog: job 7: no dspkd listens on %s (%s); dspkd "
+              "--end-job: Slurm job 7 (uid 1000): ended in /x.jobs\n" % (path, said) and
+              open(fake + ".args").read().splitlines() ==
+              [path, "--socket", path, "--end-job", "7"],
+              "the epilog with %s at the socket path: %r" % (name, p))
+
+
 def one_uuid(sdir, tmp, sock):
     """One UUID under two indices (a line copied and its index changed) fails the prolog
     of a job with either index, naming both lines, in the map file and in nvidia-smi's
@@ -697,10 +823,12 @@ def main():
         nvidia_smi(sdir, tmp, sock)
         smi_fails(sdir, tmp, sock)
         smi_hangs(sdir, tmp, sock)
+        smi_child(sdir, tmp, sock)
         one_uuid(sdir, tmp, sock)
         quoting(sdir, tmp, sock)
         job_gpus(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
+        not_socket(sdir, tmp, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
         print("ok scripts")
