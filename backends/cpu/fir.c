@@ -14,6 +14,10 @@
  *    and so is each output too small for the transforms' error bound (a
  *    row of wide dynamic range, see RANGE_MARGIN).  Subnormal or huge data
  *    go through the transforms scaled by a power of two (scale.c).
+ * Both paths' direct sums (the direct path's, and the FFT path's repair)
+ * run on data scaled the same way (DEFINE_SCALED), so the products of
+ * subnormal data keep their bits and those of huge data do not overflow.
+ * One tap is H[0]*X exactly (fir_one_tap), on either path.
  */
 #include <float.h>
 #include <math.h>
@@ -119,6 +123,121 @@ DEFINE_DIRECT(direct_f64, double)
 DEFINE_DIRECT_C(direct_c64, float)
 DEFINE_DIRECT_C(direct_c128, double)
 
+/* Outputs per piece of the scaled direct sum: each piece scans the samples
+ * it reads (its outputs' and the k-1 before) for their largest magnitude. */
+#define SCALED_CHUNK 8192
+
+/* The direct sum of outputs [lo, hi) of one row on scaled data: the taps h
+ * come already multiplied by 2^eh (eh from dspk__cpu_scale_exp of their
+ * largest magnitude, 0 when they are not scaled), and the samples each
+ * piece reads are multiplied by 2^ex, ex from their own largest magnitude,
+ * into tmp (W (SCALED_CHUNK + k - 1) values) when it is not 0; the piece's
+ * outputs are then multiplied by 2^-(ex+eh), each rounded once.  Without
+ * it, each product of subnormal samples or taps is rounded to the
+ * subnormals' grid (an f32 sum of 1024 such products was off by 23 units
+ * of the smallest subnormal; the FFT path's repair of small outputs made
+ * them worse than the transforms' result it replaced, probe 18 B1), and
+ * the products or running sums of huge data overflow where the result is
+ * in range.  Inside [2^-E, 2^E] (scale.c) nothing is copied: ordinary data
+ * pay one vectorised scan per piece, small next to its k multiply-adds an
+ * output.  A piece whose samples hold a NaN or an infinity is not scaled
+ * (its largest magnitude is not finite). */
+#define DEFINE_SCALED(NAME, R, DBL, W, DIRECT)                                 \
+  static void NAME(const R *x, const R *h, int eh, R *y, int64_t lo,          \
+                   int64_t hi, int64_t k, R *tmp) {                            \
+    for (int64_t c0 = lo; c0 < hi; c0 += SCALED_CHUNK) {                       \
+      int64_t c1 = hi - c0 < SCALED_CHUNK ? hi : c0 + SCALED_CHUNK;            \
+      int64_t a = c0 - k + 1 > 0 ? c0 - k + 1 : 0, m = W * (c1 - a);          \
+      const R *xa = x + W * a;                                                 \
+      int ex = dspk__cpu_scale_exp(dspk__cpu_absmax(xa, m, DBL), DBL);         \
+      if (ex) {                                                                \
+        for (int64_t i = 0; i < m; i++)                                        \
+          tmp[i] = DSPK__CPU_SCALE2(DBL, R, xa[i], ex);                        \
+        xa = tmp;                                                              \
+      }                                                                        \
+      /* outputs [c0, c1) as [c0-a, c1-a) of the samples from a: each reads \
+       * samples from c0-(k-1) >= a on */                                      \
+      DIRECT(xa, h, y + W * a, c0 - a, c1 - a, k);                             \
+      if (ex + eh)                                                             \
+        for (int64_t i = W * c0; i < W * c1; i++)                              \
+          y[i] = DSPK__CPU_SCALE2(DBL, R, y[i], -(ex + eh));                   \
+    }                                                                          \
+  }
+
+DEFINE_SCALED(scaled_f32, float, 0, 1, direct_f32)
+DEFINE_SCALED(scaled_f64, double, 1, 1, direct_f64)
+DEFINE_SCALED(scaled_c64, float, 0, 2, direct_c64)
+DEFINE_SCALED(scaled_c128, double, 1, 2, direct_c128)
+
+/* The taps as DEFINE_SCALED reads them: *eh from their largest magnitude,
+ * and when it is not 0 a copy of the k taps (W es bytes each) multiplied
+ * by 2^*eh in *hs (the caller frees it); otherwise *hs is NULL.  Returns 0
+ * or DSPK_ENOMEM. */
+static int scaled_taps(const void *h, int64_t k, int w, int dbl, void **hs, int *eh) {
+  *hs = NULL;
+  *eh = dspk__cpu_scale_exp(dspk__cpu_absmax(h, w * k, dbl), dbl);
+  if (!*eh)
+    return 0;
+  size_t es = dbl ? sizeof(double) : sizeof(float);
+  if (!(*hs = malloc(es * (size_t)(w * k))))
+    return DSPK_ENOMEM;
+  memcpy(*hs, h, es * (size_t)(w * k));
+  dspk__cpu_scale2(*hs, w * k, dbl, *eh);
+  return 0;
+}
+
+/* The scratch DEFINE_SCALED copies a piece's samples to: W (SCALED_CHUNK +
+ * k) values of es bytes, or NULL. */
+static void *scaled_tmp(int64_t k, int w, size_t es) {
+  return malloc(es * (size_t)(w * (SCALED_CHUNK + k)));
+}
+
+/* fir with one tap: y = H[0]*X exactly, each product rounded once with its
+ * sign of zero (a tap of -0 over positive samples gives -0, as lfilter's
+ * and numpy's H[0]*X; a sum starting from +0 gives +0), a complex one as
+ * numpy's (ar br - ai bi, ar bi + ai br), on either path. */
+static void fir_one_tap(const struct dspk__op *op, int64_t total) {
+  const struct dspk__tensor *X = &op->in[0];
+  const void *xv = dspk__cpu_ptr(X), *hv = dspk__cpu_ptr(&op->in[1]);
+  void *yv = dspk__cpu_ptr(&op->out[0]);
+  switch (X->dtype) {
+  case DSPK_F32: {
+    const float *x = xv, h = *(const float *)hv;
+    float *y = yv;
+    for (int64_t i = 0; i < total; i++)
+      y[i] = h * x[i];
+    break;
+  }
+  case DSPK_F64: {
+    const double *x = xv, h = *(const double *)hv;
+    double *y = yv;
+    for (int64_t i = 0; i < total; i++)
+      y[i] = h * x[i];
+    break;
+  }
+  case DSPK_C64: {
+    const float *x = xv, *h = hv;
+    float *y = yv, hr = h[0], hi = h[1];
+    for (int64_t i = 0; i < total; i++) {
+      float xr = x[2 * i], xi = x[2 * i + 1];
+      y[2 * i] = hr * xr - hi * xi;
+      y[2 * i + 1] = hr * xi + hi * xr;
+    }
+    break;
+  }
+  default: {
+    const double *x = xv, *h = hv;
+    double *y = yv, hr = h[0], hi = h[1];
+    for (int64_t i = 0; i < total; i++) {
+      double xr = x[2 * i], xi = x[2 * i + 1];
+      y[2 * i] = hr * xr - hi * xi;
+      y[2 * i + 1] = hr * xi + hi * xr;
+    }
+    break;
+  }
+  }
+}
+
 /* The direct loop sees a cancel after every piece of about this many
  * multiply-adds (a complex one counting 4): a few ms on one core.  Checking
  * every 16 rows instead let one row of 2^24 samples and 64 taps, or 16
@@ -130,8 +249,18 @@ static int fir_direct(const struct dspk__op *op, int64_t rows, int64_t n,
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
   dspk_dtype dt = X->dtype;
   size_t es = dspk__dtype_size(dt);
+  int w = dspk__dtype_is_complex(dt) ? 2 : 1, dbl = dt == DSPK_F64 || dt == DSPK_C128;
   const char *x = dspk__cpu_ptr(X), *h = dspk__cpu_ptr(H);
   char *y = dspk__cpu_ptr(&op->out[0]);
+  void *hs, *tmp = scaled_tmp(k, w, es / (size_t)w);
+  int eh, rc = tmp ? scaled_taps(h, k, w, dbl, &hs, &eh) : DSPK_ENOMEM;
+  if (rc) {
+    free(tmp);
+    return dspk__cpu_err(ctx, DSPK_ENOMEM, "fir: out of memory for %lld taps",
+                         (long long)k);
+  }
+  if (hs)
+    h = hs;
   int64_t per = DIRECT_CHECK_WORK / ((k ? k : 1) * (dspk__dtype_is_complex(dt) ? 4 : 1));
   if (per < 64)
     per = 64; /* outputs per piece */
@@ -142,21 +271,26 @@ static int fir_direct(const struct dspk__op *op, int64_t rows, int64_t n,
     for (int64_t lo = 0; lo < n;) {
       int64_t hi = n - lo < per - since ? n : lo + (per - since);
       switch (dt) {
-      case DSPK_F32: direct_f32((const float *)xr, (const float *)h, (float *)yr, lo, hi, k); break;
-      case DSPK_F64: direct_f64((const double *)xr, (const double *)h, (double *)yr, lo, hi, k); break;
-      case DSPK_C64: direct_c64((const float *)xr, (const float *)h, (float *)yr, lo, hi, k); break;
-      default: direct_c128((const double *)xr, (const double *)h, (double *)yr, lo, hi, k); break;
+      case DSPK_F32: scaled_f32((const float *)xr, (const float *)h, eh, (float *)yr, lo, hi, k, tmp); break;
+      case DSPK_F64: scaled_f64((const double *)xr, (const double *)h, eh, (double *)yr, lo, hi, k, tmp); break;
+      case DSPK_C64: scaled_c64((const float *)xr, (const float *)h, eh, (float *)yr, lo, hi, k, tmp); break;
+      default: scaled_c128((const double *)xr, (const double *)h, eh, (double *)yr, lo, hi, k, tmp); break;
       }
       since += hi - lo;
       lo = hi;
       if (since >= per) {
         since = 0;
-        if ((lo < n || r + 1 < rows) && dspk__cpu_canceled(ctx))
-          return DSPK_ECANCELED;
+        if ((lo < n || r + 1 < rows) && dspk__cpu_canceled(ctx)) {
+          rc = DSPK_ECANCELED;
+          goto out;
+        }
       }
     }
   }
-  return 0;
+out:
+  free(hs);
+  free(tmp);
+  return rc;
 }
 
 /* ---- FFT (overlap-add) -------------------------------------------------- */
@@ -207,13 +341,21 @@ static int64_t good_size(int64_t n) {
     R *buf = DBL ? fftw_malloc(bb) : fftwf_malloc(bb);                         \
     R *spec = DBL ? fftw_malloc(sb) : fftwf_malloc(sb);                        \
     R *hs = DBL ? fftw_malloc(sb) : fftwf_malloc(sb);                          \
+    R *tmp = scaled_tmp(k, W, sizeof(R)); /* DIRECT's */                       \
+    void *hsv = NULL; /* the taps scaled for DIRECT, or NULL */                \
+    int eh = 0;                                                                \
     void *pf = dspk__cpu_fft_plan(dev, fk, DBL, (int)L, 1, 0, 1);              \
     void *pb = dspk__cpu_fft_plan(dev, bk, DBL, (int)L, 1, 0, 1);              \
-    if (buf && spec && hs && (!pf || !pb) && dspk__cpu_canceled(ctx)) {       \
+    if (buf && spec && hs && tmp && (!pf || !pb) && dspk__cpu_canceled(ctx)) { \
       rc = DSPK_ECANCELED;                                                     \
       goto out;                                                                \
     }                                                                          \
-    if (!buf || !spec || !hs || !pf || !pb) {                                  \
+    if (tmp && scaled_taps(h, k, W, DBL, &hsv, &eh)) {                         \
+      free(tmp);                                                               \
+      tmp = NULL;                                                              \
+    }                                                                          \
+    const R *hd = hsv ? (const R *)hsv : h;                                    \
+    if (!buf || !spec || !hs || !tmp || !pf || !pb) {                          \
       rc = dspk__cpu_err(ctx, DSPK_ENOMEM,                                     \
                          "fir: out of memory for an FFT of length %lld",       \
                          (long long)L);                                        \
@@ -223,10 +365,6 @@ static int64_t good_size(int64_t n) {
      * (and by 2^eh, see DSPK__CPU_SCALE_EXP). */                              \
     memset(buf, 0, bb);                                                        \
     memcpy(buf, h, sizeof(R) * W * k);                                         \
-    double hmax = 0;                                                           \
-    for (int64_t i = 0; i < W * k; i++)                                        \
-      hmax = fabs((double)h[i]) > hmax ? fabs((double)h[i]) : hmax;           \
-    int eh = dspk__cpu_scale_exp(hmax, DBL);                                   \
     for (int64_t i = 0; eh && i < W * k; i++)                                  \
       buf[i] = DSPK__CPU_SCALE2(DBL, R, buf[i], eh);                           \
     dspk__cpu_fft_exec(fk, DBL, pf, buf, hs);                                  \
@@ -282,7 +420,8 @@ static int64_t good_size(int64_t n) {
             rc = DSPK_ECANCELED;                                               \
             goto out;                                                          \
           }                                                                    \
-          DIRECT(xr, h, yr, lo, s0 + len - lo < per ? s0 + len : lo + per, k); \
+          DIRECT(xr, hd, eh, yr, lo,                                \
+                 s0 + len - lo < per ? s0 + len : lo + per, k, tmp);           \
         }                                                                      \
         /* The outputs reached by the two blocks' absolute error:           \
          * below RANGE_MARGIN times it, they are the direct sum's. */          \
@@ -303,7 +442,7 @@ static int64_t good_size(int64_t n) {
                  fabs((double)yr[j * W]) +                                     \
                          (W == 2 ? fabs((double)yr[j * W + W - 1]) : 0.0) < thr) \
             j++;                                                               \
-          DIRECT(xr, h, yr, i, j, k);                                          \
+          DIRECT(xr, hd, eh, yr, i, j, k, tmp);                     \
           done += j - i;                                                       \
           if (done >= per) {                                                   \
             done = 0;                                                          \
@@ -317,6 +456,8 @@ static int64_t good_size(int64_t n) {
       }                                                                        \
     }                                                                          \
   out:                                                                         \
+    free(tmp);                                                                 \
+    free(hsv);                                                                 \
     if (DBL) {                                                                 \
       fftw_free(buf);                                                          \
       fftw_free(spec);                                                         \
@@ -329,10 +470,10 @@ static int64_t good_size(int64_t n) {
     return rc;                                                                 \
   }
 
-DEFINE_OLA(ola_f32, float, 0, 1, direct_f32)
-DEFINE_OLA(ola_f64, double, 1, 1, direct_f64)
-DEFINE_OLA(ola_c64, float, 0, 2, direct_c64)
-DEFINE_OLA(ola_c128, double, 1, 2, direct_c128)
+DEFINE_OLA(ola_f32, float, 0, 1, scaled_f32)
+DEFINE_OLA(ola_f64, double, 1, 1, scaled_f64)
+DEFINE_OLA(ola_c64, float, 0, 2, scaled_c64)
+DEFINE_OLA(ola_c128, double, 1, 2, scaled_c128)
 
 static int fir_fft(struct dspk__dev *dev, const struct dspk__op *op,
                    int64_t rows, int64_t n, int64_t k, struct dspk__opctx *ctx) {
@@ -363,6 +504,10 @@ int dspk__cpu_fir(struct dspk__dev *dev, struct dspk__op *op,
   if (n == 0)
     return 0;
   int64_t rows = dspk__tensor_numel(X) / n;
+  if (k == 1) {
+    fir_one_tap(op, rows * n);
+    return 0;
+  }
   int use_fft = dev->fir_force >= 0
                     ? dev->fir_force
                     : dspk__cpu_fir_use_fft(dev, X->dtype, n, k, rows, ctx);

@@ -506,7 +506,8 @@ int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   const struct dspk__tensor *X = &op->in[0];
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
-  if (total == 0 || !X->mem || !op->out[0].mem)
+  /* One tap is H[0]*X exactly: the direct kernel's, whatever is forced. */
+  if (total == 0 || !X->mem || !op->out[0].mem || op->in[1].shape[0] == 1)
     return run_path(d, op, 0, ctx);
   if (fir_force >= 0)
     return run_path(d, op, fir_force, ctx);

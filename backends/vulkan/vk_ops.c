@@ -759,20 +759,31 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
               "  first, i0; } pc;\n"
               "shared T hs[%d];\n"
               "%s"
+              /* one tap: H[0]*X exactly, as numpy's product (no fused
+               * multiply-add, no sum from +0: a -0 tap gives -0) */
+              "T mul1(T a, T b) {\n#if CPLX\n"
+              "  precise R p = a.x * b.x, q = a.y * b.y, u = a.x * b.y, v = a.y * b.x;\n"
+              "  return T(p - q, u + v);\n#else\n"
+              "  return a * b;\n#endif\n}\n"
               "void main() {\n"
               "  uint lid = gl_LocalInvocationID.x;\n"
               "  uint i = pc.i0 + (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
               "  bool live = i < pc.total;\n"
               "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
               "  T acc = fir_sum(lid, row, t, live);\n"
-              "  if (live) y[pc.oy + i] = pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
+              "  if (live) y[pc.oy + i] = pc.k == 1u ? mul1(h[pc.oh], x[pc.ox + i])\n"
+              "                         : pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
               "}\n",
               DSPK__VK_WG, FIR_SUM_GLSL, DSPK__VK_WG);
   if (r)
     return r;
-  /* (Taps past the row's length never reach an output.) */
+  /* (Taps past the row's length never reach an output.)  k is 1 for one
+   * tap only (the kernel's H[0]*X): a row of one sample under more taps
+   * keeps 2, its output a sum as any other. */
   int64_t n = X->shape[X->rank - 1];
   uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
+  if (k == 1 && H->shape[0] > 1)
+    k = 2;
   uint32_t pc[11] = {0, (uint32_t)n, k, kr.e[0], kr.e[1], kr.e[2], 0, 0, 0, 0, 0};
   if (total == 0)
     return 0;

@@ -7,6 +7,7 @@
  * plain loops for reduce and map.  Tolerances scale with the problem size
  * (number of terms summed, log of the transform length).
  */
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -957,6 +958,163 @@ static void test_fir_fft_subnormal(void **state) {
     }
 }
 
+/* Every cpu fir path's direct sums on subnormal and huge data (probe 18
+ * B1): the direct path, and the FFT path whose outputs below its repair
+ * threshold (2^6 or 2^20 times eps log2(L) max|x| sum|h|) are summed again
+ * directly, which with 1024 taps covers most outputs here.  Cases: samples
+ * that are integers of up to 700 units of the smallest subnormal with taps
+ * in [-1, 1); taps such integers over samples in [-1, 1); both of about
+ * 2^-70 (2^-540), so that every product is subnormal; and huge samples,
+ * 0.75 2^128 (2^1024) times 1 + 2^-10 u, under taps 2, -2 and then small
+ * ones, whose products 2 x overflow where the outputs (about 2^-9 of the
+ * samples) are in range.  The direct sums rounded each subnormal product
+ * to the subnormals' grid (f32 off by up to 23 units with 1024 taps, so the
+ * repair made small outputs worse than the transforms' result) and
+ * overflowed on the huge data (NaN).  Each output part must be within the
+ * FFT path's stated error, eps log2(L) max|x| sum|h| (4 times, log2(L) at
+ * most 13 here), plus 4 units of the smallest subnormal, of a long-double
+ * direct sum (exact to far below one such unit). */
+static void test_fir_subnormal_huge(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  static const int64_t ks[] = {20, 1024};
+  for (int d = 0; d < 4; d++)
+    for (int path = 0; path < 2; path++)
+      for (int kc = 0; kc < 2; kc++)
+        for (int c = 0; c < 4; c++) {
+          dspk_dtype dt = dts[d];
+          int w = W(dt), sp = dt == DSPK_F32 || dt == DSPK_C64;
+          int64_t n = 12000, k = ks[kc], m = n * w;
+          double unit = sp ? 0x1p-149 : 0x1p-1074, half = sp ? 0x1p-70 : 0x1p-540;
+          double big = sp ? 0x1p127 * 1.5 : 0x1p1023 * 1.5;
+          double *x = malloc(sizeof(double) * (size_t)m);
+          double *h = malloc(sizeof(double) * (size_t)(k * w));
+          assert_non_null(x);
+          assert_non_null(h);
+          double xmax = 0, hsum = 0;
+          for (int64_t i = 0; i < m; i++) {
+            double u = urand();
+            x[i] = roundto(dt, c == 0   ? round(700 * u) * unit
+                               : c == 1 ? u
+                               : c == 2 ? u * half
+                                        : big * (1 + u * 0x1p-10));
+            xmax = fabs(x[i]) > xmax ? fabs(x[i]) : xmax;
+          }
+          for (int64_t i = 0; i < k * w; i++) {
+            double u = urand();
+            h[i] = roundto(dt, c == 0   ? u
+                               : c == 1 ? round(700 * u) * unit
+                               : c == 2 ? u * half
+                               : i < w  ? 2
+                               : i < 2 * w && i % w == 0 ? -2
+                                        : u * 0x1p-10);
+            hsum += fabs(h[i]);
+          }
+          struct dspk__op op;
+          memset(&op, 0, sizeof op);
+          op.kind = DSPK_OP_FIR;
+          op.nin = 2;
+          shape_set(&op.in[0], dt, 2, (int64_t[]){1, n});
+          shape_set(&op.in[1], dt, 1, (int64_t[]){k});
+          put_vals(&op.in[0], x);
+          put_vals(&op.in[1], h);
+          dev->fir_force = path;
+          int rc = run_op(&op);
+          dev->fir_force = -1;
+          assert_int_equal(rc, 0);
+          double *got = get(&op.out[0]);
+          double tol = 4 * eps(dt) * 13 * xmax * hsum + 4 * unit;
+          for (int64_t i = 0; i < n; i++) {
+            long double re = 0, im = 0;
+            for (int64_t j = 0; j < k && j <= i; j++) {
+              const double *xv = &x[(i - j) * w], *hv = &h[j * w];
+              if (w == 1) {
+                re += (long double)hv[0] * xv[0];
+              } else {
+                re += (long double)hv[0] * xv[0] - (long double)hv[1] * xv[1];
+                im += (long double)hv[0] * xv[1] + (long double)hv[1] * xv[0];
+              }
+            }
+            for (int p = 0; p < w; p++) {
+              long double want = p ? im : re;
+              double g = got[i * w + p];
+              /* (the first output, 2 x[0] alone, is past the range: inf) */
+              if (fabsl(want) > (sp ? FLT_MAX : DBL_MAX) * 1.001L ? !(isinf(g) && (g > 0) == (want > 0))
+                                                                  : !(fabsl((long double)g - want) <= tol))
+                fail_msg("fir %s %s n=%lld k=%lld case %d: output %lld%s is %.9g, want %.9Lg "
+                         "(%.3Lg off: %.1Lf units of the smallest subnormal; tol %.3g)",
+                         path ? "fft" : "direct", dspk__dtype_name(dt), (long long)n,
+                         (long long)k, c, (long long)i, w == 2 ? (p ? " im" : " re") : "", g,
+                         want, fabsl((long double)g - want),
+                         fabsl((long double)g - want) / unit, tol);
+            }
+          }
+          free(got);
+          free(x);
+          free(h);
+          free_op(&op);
+        }
+}
+
+/* fir with one tap is H[0]*X exactly on either path (probe 18 B3): each
+ * output the product rounded once, with its sign of zero (a tap of -0 over
+ * positive samples is -0, where a sum starting from +0 gave +0), NaN and
+ * inf as the product's, complex as numpy's (hr xr - hi xi, hr xi + hi xr). */
+static void test_fir_one_tap(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  static const double xs[] = {1, -2, 0, -0.0, 3e-39, INFINITY, 1e-300, 7};
+  static const double hs[][2] = {{-0.0, 0}, {0, -0.0}, {-0.0, -0.0}, {0.5, -0.0}, {-3, 0.25}};
+  for (int d = 0; d < 4; d++)
+    for (int path = 0; path < 2; path++)
+      for (int t = 0; t < 5; t++) {
+        dspk_dtype dt = dts[d];
+        int w = W(dt);
+        int64_t n = 8;
+        double x[16], h[2] = {hs[t][0], hs[t][1]};
+        for (int i = 0; i < 16; i++)
+          x[i] = roundto(dt, xs[(i * 3 + t) % 8] * (i % 3 == 2 ? -1 : 1));
+        struct dspk__op op;
+        memset(&op, 0, sizeof op);
+        op.kind = DSPK_OP_FIR;
+        op.nin = 2;
+        shape_set(&op.in[0], dt, 1, (int64_t[]){n});
+        shape_set(&op.in[1], dt, 1, (int64_t[]){1});
+        put_vals(&op.in[0], x);
+        put_vals(&op.in[1], h);
+        dev->fir_force = path;
+        int rc = run_op(&op);
+        dev->fir_force = -1;
+        assert_int_equal(rc, 0);
+        double *got = get(&op.out[0]);
+        for (int64_t i = 0; i < n; i++)
+          for (int p = 0; p < w; p++) {
+            double want;
+            if (w == 1) {
+              want = dt == DSPK_F32 ? (double)((float)h[0] * (float)x[i]) : h[0] * x[i];
+            } else if (dt == DSPK_C64) {
+              float hr = (float)h[0], hi = (float)h[1], xr = (float)x[2 * i],
+                    xi = (float)x[2 * i + 1];
+              float a = hr * xr, b = hi * xi, c = hr * xi, e = hi * xr;
+              want = p ? (double)(c + e) : (double)(a - b);
+            } else {
+              double a = h[0] * x[2 * i], b = h[1] * x[2 * i + 1];
+              double c = h[0] * x[2 * i + 1], e = h[1] * x[2 * i];
+              want = p ? c + e : a - b;
+            }
+            double g = got[i * w + p];
+            if (!(memcmp(&g, &want, sizeof g) == 0 || (isnan(g) && isnan(want))))
+              fail_msg("fir %s %s one tap (%g, %g): output %lld%s is %g (sign %d), want %g "
+                       "(sign %d)",
+                       path ? "fft" : "direct", dspk__dtype_name(dt), h[0], h[1], (long long)i,
+                       w == 2 ? (p ? " im" : " re") : "", g, signbit(g) != 0, want,
+                       signbit(want) != 0);
+          }
+        free(got);
+        free_op(&op);
+      }
+}
+
 /* ---- contract ----------------------------------------------------------- */
 
 static void contract_case(dspk_dtype dt, const char *subs) {
@@ -1614,6 +1772,7 @@ int main(void) {
       cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_fir_fft_nonfinite),
       cmocka_unit_test(test_fir_fft_range),
       cmocka_unit_test(test_fir_fft_subnormal),
+      cmocka_unit_test(test_fir_subnormal_huge), cmocka_unit_test(test_fir_one_tap),
       cmocka_unit_test(test_contract),
       cmocka_unit_test(test_contract_complex_inf),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),

@@ -2832,6 +2832,89 @@ def fft_ref(x, _tw={}):
     return [sum(subs[r][k % m] * w[(r * k) % n] for r in range(p)) for k in range(n)]
 
 
+@case("task.run: fir of subnormal samples or taps within protocol.md's error, both paths "
+      "(fir row: cpu:0 one unit of the smallest subnormal plus the path's error, Vulkan devices "
+      "K/2 units (K each part of a complex output) on the direct kernel, L/2 on the FFT path); "
+      "one tap is H[0]*X exactly, -0 kept")
+def fir_subnormal(env):
+    # Samples of integers from -700 to 700 times the smallest subnormal
+    # (2^-149, 2^-1074) under taps of integers / 1024 in (-1, 1), and such
+    # taps times the smallest subnormal over such samples / 1024 (probe 18
+    # B1, B2): the exact outputs are integers / 1024 of units, computed here
+    # in integers.  cpu:0 scales every direct sum and the FFT path's blocks
+    # by a power of two (its recomputed small outputs were off by up to 48
+    # units at K = 4096 before); Vulkan devices scale nothing, and
+    # protocol.md states their bounds (K = 20: the direct kernel; K = 300:
+    # the FFT path on lavapipe, L at most 16 times 512).
+    c = env.conn()
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    fmts = {"f32": ("f", 1, -149, 2.0 ** -23), "f64": ("d", 1, -1074, 2.0 ** -52),
+            "c64": ("f", 2, -149, 2.0 ** -23), "c128": ("d", 2, -1074, 2.0 ** -52)}
+    n = 4096
+    for k in (20, 300):
+        for taps_small in (False, True):
+            for dt, (fmt, w, ue, eps) in fmts.items():
+                xi = [((i * 7919 + 13 + k) % 1401) - 700 for i in range(w * n)]
+                hi = [((j * 613 + 5 + k) % 2047) - 1023 for j in range(w * k)]
+                if taps_small:  # taps of up to 700 units, samples / 1024
+                    xi = [((v * 37) % 2047) - 1023 for v in xi]
+                    hi = [((v * 11) % 1401) - 700 for v in hi]
+                # values: integers, one side times 2^-10, the other times the unit
+                xs = [math.ldexp(v, -10 if taps_small else ue) for v in xi]
+                hs = [math.ldexp(v, ue if taps_small else -10) for v in hi]
+                want = []  # exact outputs in units / 1024, part by part
+                for i in range(n):
+                    re = im = 0
+                    for j in range(min(k, i + 1)):
+                        if w == 1:
+                            re += hi[j] * xi[i - j]
+                        else:
+                            hr, hm = hi[2 * j], hi[2 * j + 1]
+                            xr, xm = xi[2 * (i - j)], xi[2 * (i - j) + 1]
+                            re += hr * xr - hm * xm
+                            im += hr * xm + hm * xr
+                    want += [re, im] if w == 2 else [re]
+                xmax = max(abs(v) for v in xi) / (1024 if taps_small else 1)
+                hsum = sum(abs(v) for v in hi) / (1 if taps_small else 1024)
+                for dev in devs:
+                    r = c.ok("task.run", {"op": "fir", "device": dev, "inputs": [
+                        {"dtype": dt, "shape": [n], "data": struct.pack("<%d%s" % (w * n, fmt), *xs)},
+                        {"dtype": dt, "shape": [k], "data": struct.pack("<%d%s" % (w * k, fmt), *hs)}]})
+                    y = struct.unpack("<%d%s" % (w * n, fmt), r["outputs"][0]["data"])
+                    err = max(abs(math.ldexp(v, -ue) - q / 1024) for v, q in zip(y, want))
+                    if dev == "cpu:0":  # one unit plus the FFT path's error (4 times)
+                        tol = 1 + 4 * eps * 13 * xmax * hsum
+                    elif k <= 32:
+                        tol = k / 2 * w + 1
+                    else:  # L at most 16 times K rounded up to a power of two
+                        tol = 16 * 512 / 2
+                    check(err <= tol, "%s fir %s n=%d k=%d of subnormal %s: error %.2f units of "
+                          "the smallest subnormal, more than %.2f"
+                          % (dev, dt, n, k, "taps" if taps_small else "samples", err, tol))
+    # one tap: H[0]*X exactly, the sign of zero kept (probe 18 B3)
+    for dt, (fmt, w, ue, eps) in fmts.items():
+        xs = [1.0, -2.0, 0.0, -0.0, 3.0, 0.5][:3 * w]
+        for h in ([-0.0, 0.0], [0.5, -0.0], [-0.0, -0.0])[:3 if w == 2 else 1]:
+            want = []
+            for i in range(len(xs) // w):
+                if w == 1:
+                    want.append(h[0] * xs[i])
+                else:
+                    xr, xm = xs[2 * i], xs[2 * i + 1]
+                    want += [h[0] * xr - h[1] * xm, h[0] * xm + h[1] * xr]
+            for dev in devs:
+                r = c.ok("task.run", {"op": "fir", "device": dev, "inputs": [
+                    {"dtype": dt, "shape": [len(xs) // w],
+                     "data": struct.pack("<%d%s" % (len(xs), fmt), *xs)},
+                    {"dtype": dt, "shape": [1], "data": struct.pack("<%d%s" % (w, fmt), *h[:w])}]})
+                y = struct.unpack("<%d%s" % (len(xs), fmt), r["outputs"][0]["data"])
+                check(list(y) == want and [math.copysign(1, v) for v in y]
+                      == [math.copysign(1, v) for v in want],
+                      "%s fir %s of %r with the one tap %r: %r, want %r (H[0]*X, -0 kept)"
+                      % (dev, dt, xs, h[:w], y, want))
+    still_open(c)
+
+
 @case("task.run: fft of rows of subnormal values within protocol.md's error, forward and "
       "inverse, real and complex (fft row: cpu:0 half a unit of the smallest subnormal plus "
       "the transform's rounding, Vulkan devices N/2 units); cpu:0's rows near "
