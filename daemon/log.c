@@ -458,12 +458,8 @@ const char *dspkd_log_value(char *dst, size_t cap, const char *s, size_t n) {
   return dst;
 }
 
-enum dspkd_level dspkd_log_task_level(int code) {
+bool dspkd_log_client_mistake(int code, bool client_code) {
   switch (code) {
-  case DSPK_ECANCELED:
-  case DSPK_ESHUTDOWN:
-  case DSPK_ECLOSED:
-    return DSPKD_INFO;
   case DSPK_EINVAL:
   case DSPK_EPROTO:
   case DSPK_ELIMIT:
@@ -474,32 +470,53 @@ enum dspkd_level dspkd_log_task_level(int code) {
   case DSPK_ENOBUF:
   case DSPK_ERANGE:
   case DSPK_EPERM:
-  case DSPK_ECOMPILE:
   case DSPK_ENOTSUP:
   case DSPK_ENOENT:
   case DSPK_EVERSION:
-    return DSPKD_NOTICE;
+    return true;
+  case DSPK_ECOMPILE: /* a user's kernel: its mistake; a built-in shader: ours */
+    return client_code;
+  default:
+    return false;
+  }
+}
+
+enum dspkd_level dspkd_log_fail_level(int code, bool client_code) {
+  if (dspkd_log_client_mistake(code, client_code))
+    return DSPKD_DEBUG;
+  switch (code) {
+  case DSPK_ECANCELED:
+  case DSPK_ESHUTDOWN:
+  case DSPK_ECLOSED:
+    return DSPKD_INFO;
   case DSPK_ENOMEM:
   case DSPK_EBUSY:
     return DSPKD_WARN;
-  default: /* EDEVICE, EIO, EINTERNAL, ETIMEDOUT, anything unknown */
+  default: /* EDEVICE, EIO, EINTERNAL, ETIMEDOUT, ECOMPILE, anything unknown */
     return DSPKD_ERROR;
   }
 }
 
+bool dspkd_log_client_line_ok(long uid, enum dspkd_level level) {
+  /* Debug lines are not limited (docs/admin.md): they are off unless asked. */
+  if (level == DSPKD_DEBUG)
+    return dspkd_log_enabled(DSPKD_DEBUG);
+  return dspkd_log_client_ok(uid, level);
+}
+
 void dspkd_log_task_failed(long uid, const char *device, const char *op, uint64_t client,
-                           long pid, int code, const char *msg) {
+                           long pid, int code, bool client_code, const char *msg) {
   char dv[2 * DSPKD_LOG_VALUE_MAX + 3], ov[2 * DSPKD_LOG_VALUE_MAX + 3];
-  if (!dspkd_log_client_ok(uid, dspkd_log_task_level(code)))
+  enum dspkd_level level = dspkd_log_fail_level(code, client_code);
+  if (!dspkd_log_client_line_ok(uid, level))
     return;
-  /* device and op may be what the client sent (a request refused before it
-   * reached a device): quoted when not a plain token, so that they cannot
-   * add or shadow fields. */
+  /* device and op are the daemon's names, but quoted all the same when not
+   * a plain token, so that no name can add or shadow fields. */
   if (!device || !*device)
     device = "-";
   if (!op || !*op)
     op = "-";
-  dspkd_log(dspkd_log_task_level(code),
+  dspkd_log(level,
             "task failed: device=%s op=%s client=%" PRIu64 " pid=%ld: %s: %s",
             dspkd_log_value(dv, sizeof dv, device, strnlen(device, DSPKD_LOG_VALUE_MAX)),
             dspkd_log_value(ov, sizeof ov, op, strnlen(op, DSPKD_LOG_VALUE_MAX)), client, pid,

@@ -34,7 +34,7 @@
 enum dspkd_level {
   DSPKD_ERROR = 0,  /* something the administrator must look at */
   DSPKD_WARN = 1,   /* degraded, or likely to fail later */
-  DSPKD_NOTICE = 2, /* normal but significant: a client's failed request */
+  DSPKD_NOTICE = 2, /* normal but significant: a refused admin request */
   DSPKD_INFO = 3,
   DSPKD_DEBUG = 4
 };
@@ -67,23 +67,40 @@ bool dspkd_log_client_ok_at(long uid, enum dspkd_level level, uint64_t now_ms);
 /* Writes the counts of lines held back so far (at the daemon's stop). */
 void dspkd_log_client_flush(void);
 
-/* The level a failed task is logged at, by its error code: errors of the
- * daemon or a device (EDEVICE, EIO, EINTERNAL, ETIMEDOUT, unknown codes)
- * at error; resource pressure (ENOMEM, EBUSY) at warn; the client's own
- * mistakes (EINVAL, ESHAPE, EDTYPE, ENODEV, ECOMPILE, ENOTSUP, ...) at
- * notice; cancellations and the stop (ECANCELED, ESHUTDOWN, ECLOSED) at
- * info.  docs/systemd.md has the table. */
-enum dspkd_level dspkd_log_task_level(int code);
+/* The one rule of whose fault a failed request is, which every method's
+ * log line follows (docs/admin.md "Logs"): true when its error is the
+ * client's own mistake, which its answer tells it: EINVAL, EPROTO, ELIMIT,
+ * ENOMETHOD, ENODEV, EDTYPE, ESHAPE, ENOBUF, ERANGE, EPERM, ENOTSUP, ENOENT,
+ * EVERSION, and ECOMPILE when the source that did not compile is the
+ * client's (client_code: a raw kernel; a built-in op's shader that does not
+ * compile is the daemon's failure).  False for the failures of the daemon
+ * or a device, resource pressure, cancellations and the stop. */
+bool dspkd_log_client_mistake(int code, bool client_code);
 
-/* The one line of a failed task:
- *   task failed: device=cpu:0 op=gemm client=3 pid=1234: ESHAPE: message
- * at dspkd_log_task_level(code), when dspkd_log_client_ok(uid) lets it
- * (uid: its client's; a failed task is a client-caused line whatever its
- * level).  device is the device that ran it, or the
- * one the request named when it failed before reaching a device; device and
- * op are written by dspkd_log_value (quoted unless a plain token). */
+/* The level a failed request (a task or any other method) is logged at, by
+ * its error code: the client's own mistakes (dspkd_log_client_mistake) at
+ * debug; cancellations and the stop (ECANCELED, ESHUTDOWN, ECLOSED) at
+ * info; resource pressure (ENOMEM, EBUSY) at warn; errors of the daemon or
+ * a device (EDEVICE, EIO, EINTERNAL, ETIMEDOUT, a built-in op's ECOMPILE,
+ * unknown codes) at error.  docs/systemd.md has the table. */
+enum dspkd_level dspkd_log_fail_level(int code, bool client_code);
+
+/* Whether a line about uid's client at level is written now: a debug line
+ * whenever debug is on (never limited), a line above debug when
+ * dspkd_log_client_ok lets it. */
+bool dspkd_log_client_line_ok(long uid, enum dspkd_level level);
+
+/* The one line of a task that failed after it reached its device (ran,
+ * or was queued there):
+ *   task failed: device=cpu:0 op=gemm client=3 pid=1234: EDEVICE: message
+ * at dspkd_log_fail_level(code, client_code), when
+ * dspkd_log_client_line_ok(uid) lets it (uid: its client's).  device is
+ * the device it reached ("-" when NULL); device and op are written by
+ * dspkd_log_value (quoted unless a plain token).  A task.run refused
+ * before it reached a device is logged as any other failed request, by
+ * daemon/conn.c ("client N: task.run #ID: ECODE: message"). */
 void dspkd_log_task_failed(long uid, const char *device, const char *op, uint64_t client,
-                           long pid, int code, const char *msg);
+                           long pid, int code, bool client_code, const char *msg);
 
 /* A client's string (s[0..n)) as a log field's value or a quoted name: as
  * it is when it is a plain token (letters, digits and _.:/@+,-), else in

@@ -1009,9 +1009,12 @@ static int pin(struct req *r, struct device **pinned, struct device *dev,
   return 0;
 }
 
-/* task.run up to the job's submission; devname (DSPK__DEVICE_NAME_MAX + 1
- * bytes) gets the device the request named. */
-static int task_run(struct req *r, char *devname) {
+/* task.run: checks the request and submits its job.  A task.run refused
+ * here never reached a device: daemon/conn.c logs it as any other failed
+ * request (the client's own mistake at debug only); the "task failed" line
+ * is for a task its device failed (daemon/sched.c). */
+static int m_task_run(struct req *r) {
+  char devname[DSPK__DEVICE_NAME_MAX + 1];
   struct conn *c = r->c;
   struct dspkd *d = c->d;
   const msgpack_object *inputs = r->v[DSPK__RUN_INPUTS].v.o;
@@ -1178,17 +1181,6 @@ fail:
   return err;
 }
 
-static int m_task_run(struct req *r) {
-  char devname[DSPK__DEVICE_NAME_MAX + 1];
-  int err = task_run(r, devname);
-  /* A request refused before it reached a device is a failed task too. */
-  if (err < 0)
-    dspkd_log_task_failed((long)r->c->uid, devname, dspk__op_names[r->v[DSPK__RUN_OP].v.e],
-                          r->c->id,
-                          (long)r->c->pid, err, r->msg);
-  return err;
-}
-
 static int m_task_cancel(struct req *r) {
   struct wreq *wr = dspkd_wreq_new(); /* first: an ENOMEM cancels nothing */
   struct dspk__pval v[1];
@@ -1247,12 +1239,6 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
      * answer, this one too (no later buffer.import takes it instead). */
     if (m == &dspk__methods[DSPK__M_BUFFER_IMPORT])
       dspkd_shm_import_refused(r->c);
-    if (m == &dspk__methods[DSPK__M_TASK_RUN]) { /* a failed task too */
-      char op[16] = "", dev[DSPK__DEVICE_NAME_MAX + 1] = "any";
-      dspk__obj_strcpy(dspk__map_get(r->args, "op"), op, sizeof op);
-      dspk__obj_strcpy(dspk__map_get(r->args, "device"), dev, sizeof dev);
-      dspkd_log_task_failed((long)r->c->uid, dev, op, r->c->id, (long)r->c->pid, err, r->msg);
-    }
     return err;
   }
   if (m->admin == DSPK__ADMIN_AFTER_PARAMS && (err = dspkd_admin_check(r, m->name)) < 0)

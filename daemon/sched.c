@@ -129,8 +129,8 @@ static const char *op_name(dspk_op kind) {
 static void log_task_failed(struct job *j, int code, const char *msg) {
   struct conn *c = j->conn;
   dspkd_log_task_failed(c ? (long)c->uid : -1L, j->dev ? j->dev->id : NULL,
-                        op_name(j->op.kind), c ? c->id : 0,
-                        c ? (long)c->pid : 0L, code, j->errmsg ? j->errmsg : msg);
+                        op_name(j->op.kind), c ? c->id : 0, c ? (long)c->pid : 0L, code,
+                        j->op.kind == DSPK_OP_KERNEL, j->errmsg ? j->errmsg : msg);
 }
 
 static void ring_push(struct device *dev, struct cqueue *q) {

@@ -900,12 +900,13 @@ def t_turnmsgs(exe, tmp):
 def t_logstall(exe, tmp):
     """A log nobody reads never stalls the daemon, and one user's failing
     requests cannot flood it (docs/admin.md, Logs): with stderr a pipe that
-    is not read (a stalled journald), a client's 8000 failing requests (a
-    debug line each, about 1 MB: more than the pipe and the log's queue hold)
-    are all answered, and so is another client's ping; of the failures, 10
-    are logged at notice, then one notice that the rest are counted, and
-    their count at the stop; the lines the queue could not hold are
-    counted in a warning once the reader reads again."""
+    is not read (a stalled journald), 30 connections that break the
+    protocol (a notice each) give 10 notices, then one that the rest are
+    counted, and their count at the stop; then a client's 8000 failing
+    requests (its own mistake: a debug line each, never limited, about 1 MB:
+    more than the pipe and the log's queue hold) are all answered, and so is
+    another client's ping; the lines the queue could not hold are counted in
+    a warning once the reader reads again."""
     r, w = os.pipe()
     sock = os.path.join(tmp, "stall.sock")
     proc = dspk_daemon.start(dspk_daemon.cmdline(os.path.abspath(exe), sock), TIMEOUT, stderr=w)
@@ -913,7 +914,13 @@ def t_logstall(exe, tmp):
     check(proc is not None, "dspkd started")
     chunks = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    nbreak = 30
     try:
+        for _ in range(nbreak):  # before the flood: the queue has room for their lines
+            p = Client(sock)
+            p.sock.sendall(msgpack.packb({"not": "a request"}))
+            p.expect_closed()
+            p.close()
         c = Client(sock)
         n = 8000
         bad = {"op": "map", "device": "cuda:9", "inputs": [tensor(np.ones(3, np.float32))],
@@ -943,14 +950,19 @@ def t_logstall(exe, tmp):
     text = b"".join(chunks).decode(errors="replace")
     check(rc == 0, "dspkd exited with %r:\n%s" % (rc, text[-3000:]))
     uid = os.getuid()
-    failed = re.findall(r"notice: task failed: device=cuda:9 op=map ", text)
-    check(len(failed) == 10, "10 failed-task lines at notice, not %d" % len(failed))
+    closed = re.findall(r"notice: client \d+ \(pid \d+ uid \d+ gid \d+\): EPROTO: .*closing the "
+                        r"connection", text)
+    check(len(closed) == 10, "10 protocol-break lines at notice, not %d" % len(closed))
     check(re.search(r"notice: uid %d: more than 10 lines about its clients' requests in a "
                     r"minute: the rest of the minute's are counted, not logged" % uid, text),
           "the notice that the rest are counted:\n" + text[-3000:])
     m = re.search(r"notice: uid %d: (\d+) more lines about its clients' requests were not "
                   r"logged in the minute after 10 were \(at most 10 a minute per uid\)" % uid, text)
-    check(m and int(m.group(1)) == n - 10, "their count at the stop:\n" + text[-3000:])
+    check(m and int(m.group(1)) == nbreak - 10,
+          "their count at the stop (the debug lines not counted):\n" + text[-3000:])
+    check(re.search(r"debug: client \d+: task.run #\d+: ENODEV: ", text),
+          "the client's own mistakes at debug:\n" + text[-3000:])
+    check("task failed" not in text, "no task reached a device:\n" + text[-3000:])
     m = re.search(r"warn: (\d+) log lines? dropped: the log's reader did not keep up", text)
     check(m and int(m.group(1)) > 0, "the dropped lines counted:\n" + text[-3000:])
     check(re.search(r"info: stopped\n$", text), "the last line, written at exit:\n" + text[-500:])
@@ -958,21 +970,48 @@ def t_logstall(exe, tmp):
 
 def t_loglevels(exe, tmp):
     """The levels admin.md "Logs" and dspkd(8) LOGGING give a client's failures: a
-    failed task, a refused admin request and a connection closed for breaking the
-    protocol are notices (at most 10 a minute per uid); any other failed request
-    (a bad argument, an unknown method or buffer) is answered to the client and
-    logged at debug only, unlimited, never counted against that rate (the pages
-    said every failed request was a notice: probe 17, E 3)."""
-    d = Daemon(exe, tmp)
+    refused admin request and a connection closed for breaking the protocol are
+    notices (at most 10 a minute per uid); a failed request that is the client's
+    own mistake, of any method, task.run too (a bad argument, dtype or shape, an
+    unknown method, buffer or device, ELIMIT, ENOTSUP), is answered to the
+    client and logged at debug only, unlimited, never counted against that
+    rate, as "client N: METHOD #ID: ECODE: message": such a task never reached
+    a device, and no "task failed" line names one (probe 18 E1: each was a
+    notice "task failed: device=cpu:0", or the nonexistent cuda:0 it named; the
+    pages said every failed request was a notice: probe 17, E 3).  A raw
+    kernel that does not compile reached its device: the "task failed" line
+    names it, at debug (the client's code), where a vulkan device exists."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--max-rank", "4"])
     c = d.client()
+    a = tensor(np.ones((4, 4), np.float32))
     bad = [("no.such", None, "ENOMETHOD"), ("buffer.read", {"buffer": 12345}, "ENOBUF"),
            ("buffer.create", {"size": -1}, "EINVAL"), ("buffer.free", {"buffer": 777},
                                                         "ENOBUF")] * 3
-    got = [c.outcome(c.send(m, a)) for m, a, _ in bad]
+    tasks = [  # the report's cases, and their neighbours
+        ({"op": "gemm", "device": "cpu:0", "inputs": [a, tensor(np.ones((3, 3), np.float32))]},
+         "ESHAPE"),
+        ({"op": "gemm", "device": "cpu:0"}, "EINVAL"),
+        ({"op": "gemm", "device": "cpu:0",
+          "inputs": [{"dtype": "i8", "shape": [4, 4], "data": b"\0" * 16}, a]}, "EDTYPE"),
+        ({"op": "gemm", "device": "cpu:0",
+          "inputs": [{"buffer": 999, "dtype": "f32", "shape": [4, 4]}, a]}, "ENOBUF"),
+        ({"op": "gemm", "device": "cuda:0", "inputs": [a, a]}, "ENODEV"),
+        ({"op": "map", "device": "cuda:9", "inputs": [tensor(np.ones(3, np.float32))],
+          "options": {"fn": "abs"}}, "ENODEV"),
+        ({"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+          "inputs": [tensor(np.ones((1,) * 5, np.float32))]}, "ELIMIT"),
+        ({"op": "kernel", "device": "cpu:0", "options": {"lang": "glsl", "source": "x"},
+          "inputs": [a]}, "ENOTSUP"),
+    ]
+    got = [c.outcome(c.send(m, x)) for m, x, _ in bad]
     check(got == [e for _, _, e in bad], "the failures answered: %r" % got)
-    task = {"op": "map", "device": "cuda:9", "inputs": [tensor(np.ones(3, np.float32))],
-            "options": {"fn": "abs"}}
-    check(c.outcome(c.send("task.run", task)) == "ENODEV", "the failed task answered")
+    got = [c.outcome(c.send("task.run", t)) for t, _ in tasks]
+    check(got == [e for _, e in tasks], "the failed tasks answered: %r" % got)
+    vk = [x["id"] for x in c.call("devices")["devices"] if x["backend"] == "vulkan"]
+    if vk:  # a raw kernel that does not compile: on its device, the client's code
+        src = "#version 450\n#extension GL_GOOGLE_include_directive : require\n" \
+              "#include \"../x.glsl\"\n" + KERNEL_OK.split("\n", 1)[1]
+        c.expect_error("ECOMPILE", "task.run", glsl_task(vk[0], src))
     # A protocol break: a request that is no msgpack array closes the connection.
     p = d.client()
     p.sock.sendall(msgpack.packb({"not": "a request"}))
@@ -986,12 +1025,22 @@ def t_loglevels(exe, tmp):
             re.escape(m), e), text, re.M)
         check(lines == ["debug"] * 3, "%s %s: three debug lines, got %r:\n%s"
               % (m, e, lines, text[-3000:]))
-    check(re.search(r"^dspkd\[\d+\]: notice: task failed: device=cuda:9 op=map ", text, re.M),
-          "the failed task at notice:\n" + text[-3000:])
+    lines = re.findall(r"^dspkd\[\d+\]: (\w+): client \d+: task\.run #\d+: (E[A-Z]+): ", text,
+                       re.M)
+    check(lines == [("debug", e) for _, e in tasks],
+          "each refused task one debug line: %r\n%s" % (lines, text[-3000:]))
+    failed = re.findall(r"^dspkd\[\d+\]: (\w+): task failed: (.*)$", text, re.M)
+    want = [("debug", "device=%s op=kernel " % vk[0])] if vk else []
+    check([(lv, ln[:len(want[0][1])] if want else ln) for lv, ln in failed] == want
+          and all("ECOMPILE" in ln for _, ln in failed),
+          "a task line only for the task that reached its device, at debug: %r\n%s"
+          % (failed, text[-3000:]))
     check(re.search(r"^dspkd\[\d+\]: notice: client \d+ \(pid \d+ uid \d+ gid \d+\): .*"
                     r"closing the connection", text, re.M),
           "the protocol break at notice:\n" + text[-3000:])
-    check("more than 10 lines" not in text, "12 debug lines are not rate-limited notices")
+    check(not re.search(r"^dspkd\[\d+\]: notice: (task failed|client \d+: )", text, re.M),
+          "no client mistake at notice:\n" + text[-3000:])
+    check("more than 10 lines" not in text, "debug lines are not rate-limited notices")
 
 
 def t_disconnect(exe, tmp):

@@ -27,23 +27,37 @@
 #include "daemon/log.h"
 #include "dspk/errors.h"
 
+/* The one rule of whose fault a failed request is, and its level (probe 18
+ * E1: a client's own mistakes were notices "task failed" though admin.md
+ * and dspkd(8) say they are debug lines only). */
 static void test_task_levels(void **state) {
   static const int err[] = {DSPK_EDEVICE, DSPK_EIO, DSPK_EINTERNAL, DSPK_ETIMEDOUT, -999};
   static const int warn[] = {DSPK_ENOMEM, DSPK_EBUSY};
-  static const int notice[] = {DSPK_EINVAL,  DSPK_ESHAPE, DSPK_EDTYPE,  DSPK_ENODEV,
-                               DSPK_ENOBUF,  DSPK_ERANGE, DSPK_ELIMIT,  DSPK_ECOMPILE,
-                               DSPK_ENOTSUP, DSPK_EPERM,  DSPK_EPROTO,  DSPK_ENOENT,
-                               DSPK_ENOMETHOD, DSPK_EVERSION};
+  static const int mistake[] = {DSPK_EINVAL,  DSPK_ESHAPE, DSPK_EDTYPE,  DSPK_ENODEV,
+                                DSPK_ENOBUF,  DSPK_ERANGE, DSPK_ELIMIT,  DSPK_ENOTSUP,
+                                DSPK_EPERM,   DSPK_EPROTO, DSPK_ENOENT,  DSPK_ENOMETHOD,
+                                DSPK_EVERSION};
   static const int info[] = {DSPK_ECANCELED, DSPK_ESHUTDOWN, DSPK_ECLOSED};
   (void)state;
-  for (size_t i = 0; i < sizeof err / sizeof err[0]; i++)
-    assert_int_equal(dspkd_log_task_level(err[i]), DSPKD_ERROR);
-  for (size_t i = 0; i < sizeof warn / sizeof warn[0]; i++)
-    assert_int_equal(dspkd_log_task_level(warn[i]), DSPKD_WARN);
-  for (size_t i = 0; i < sizeof notice / sizeof notice[0]; i++)
-    assert_int_equal(dspkd_log_task_level(notice[i]), DSPKD_NOTICE);
-  for (size_t i = 0; i < sizeof info / sizeof info[0]; i++)
-    assert_int_equal(dspkd_log_task_level(info[i]), DSPKD_INFO);
+  for (int k = 0; k < 2; k++) {
+    bool user = k == 1;
+    for (size_t i = 0; i < sizeof err / sizeof err[0]; i++) {
+      assert_int_equal(dspkd_log_fail_level(err[i], user), DSPKD_ERROR);
+      assert_false(dspkd_log_client_mistake(err[i], user));
+    }
+    for (size_t i = 0; i < sizeof warn / sizeof warn[0]; i++)
+      assert_int_equal(dspkd_log_fail_level(warn[i], user), DSPKD_WARN);
+    for (size_t i = 0; i < sizeof mistake / sizeof mistake[0]; i++) {
+      assert_int_equal(dspkd_log_fail_level(mistake[i], user), DSPKD_DEBUG);
+      assert_true(dspkd_log_client_mistake(mistake[i], user));
+    }
+    for (size_t i = 0; i < sizeof info / sizeof info[0]; i++)
+      assert_int_equal(dspkd_log_fail_level(info[i], user), DSPKD_INFO);
+  }
+  /* A user's raw kernel that does not compile is its mistake; a built-in
+   * op's shader that does not compile is the daemon's failure. */
+  assert_int_equal(dspkd_log_fail_level(DSPK_ECOMPILE, true), DSPKD_DEBUG);
+  assert_int_equal(dspkd_log_fail_level(DSPK_ECOMPILE, false), DSPKD_ERROR);
 }
 
 static void test_levels_parse(void **state) {
@@ -76,10 +90,14 @@ static void test_journal_lines(void **state) {
   assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
 
   dspkd_log_set_level(DSPKD_INFO);
-  dspkd_log_task_failed(1000, "cuda:0", "fft", 7, 5120, DSPK_EDEVICE, "cufft failed\nat plan 2\n");
-  dspkd_log_task_failed(1000, "any", "gemm", 3, 42, DSPK_ESHAPE, "gemm: A has K=4");
-  dspkd_log_task_failed(1000, "cpu:0", "map", 3, 42, DSPK_ECANCELED, NULL);
-  dspkd_log_task_failed(1000, "vulkan:0", "fft", 1, 9, DSPK_ENOMEM, "");
+  dspkd_log_task_failed(1000, "cuda:0", "fft", 7, 5120, DSPK_EDEVICE, false,
+                        "cufft failed\nat plan 2\n");
+  /* A client's own mistake is a debug line: not written at info. */
+  dspkd_log_task_failed(1000, "cpu:0", "gemm", 3, 42, DSPK_ESHAPE, false, "gemm: A has K=4");
+  dspkd_log_task_failed(1000, "vulkan:0", "kernel", 3, 42, DSPK_ECOMPILE, true, "x.comp:1");
+  dspkd_log_task_failed(1000, "vulkan:0", "gemm", 3, 42, DSPK_ECOMPILE, false, "coopmat");
+  dspkd_log_task_failed(1000, "cpu:0", "map", 3, 42, DSPK_ECANCELED, false, NULL);
+  dspkd_log_task_failed(1000, "vulkan:0", "fft", 1, 9, DSPK_ENOMEM, false, "");
   dspkd_info("listening on %s", "/run/dspk/dspkd.sock");
   /* C0, DEL, C1 (NEL, CSI) and U+2028/U+2029 a space each, as in errors */
   dspkd_info("name a\x1b\x7f" "b\xc2\x85" "c\xc2\x9b" "d\xe2\x80\xa8" "e\xe2\x80\xa9" "f\xc2\xa0g");
@@ -87,16 +105,17 @@ static void test_journal_lines(void **state) {
   /* A client's text: ill-formed UTF-8 becomes U+FFFD, as in its answer, and
    * a device or op that is not a plain token is quoted, so that it can
    * neither be forged into fields nor hide the line from journalctl. */
-  dspkd_log_task_failed(1000, "cpu:\xff\xfe", "gemm", 1, 2, DSPK_ENODEV, "no device \"cpu:\xff\xfe\"");
+  dspkd_log_task_failed(1000, "cpu:\xff\xfe", "gemm", 1, 2, DSPK_EIO, false,
+                        "no device \"cpu:\xff\xfe\"");
   dspkd_log_task_failed(1000, "x op=kernel client=99 pid=1: EDEVICE: fake", "gemm", 1, 16000,
-                        DSPK_ENODEV, "m");
-  dspkd_log_task_failed(1000, "cpu x\"\\", "a\xe2\x80\xa8" "b", 1, 2, DSPK_ENODEV, "m");
+                        DSPK_EIO, false, "m");
+  dspkd_log_task_failed(1000, "cpu x\"\\", "a\xe2\x80\xa8" "b", 1, 2, DSPK_EIO, false, "m");
   dspkd_info("cut \xc3");
   /* A client's bidirectional control, zero-width characters, byte order
    * mark and a combining mark with no base (on the opening quote), in the
    * fields and in the message: \uNNNN each, so that none reorders or
    * hides a part of the admin's line (probe 15 E 3). */
-  dspkd_log_task_failed(1000, "cpu:0\xe2\x80\xae" "0=diu", "\xcc\x81gemm", 1, 2, DSPK_ENODEV,
+  dspkd_log_task_failed(1000, "cpu:0\xe2\x80\xae" "0=diu", "\xcc\x81gemm", 1, 2, DSPK_EIO, false,
                         "no device \"x\xe2\x80\x8b\xe2\x81\xa6y\xef\xbb\xbf\"");
 
   assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
@@ -111,19 +130,19 @@ static void test_journal_lines(void **state) {
   assert_string_equal(
       buf, "<3>task failed: device=cuda:0 op=fft client=7 pid=5120: EDEVICE: cufft failed; "
            "at plan 2\n"
-           "<5>task failed: device=any op=gemm client=3 pid=42: ESHAPE: gemm: A has K=4\n"
+           "<3>task failed: device=vulkan:0 op=gemm client=3 pid=42: ECOMPILE: coopmat\n"
            "<6>task failed: device=cpu:0 op=map client=3 pid=42: ECANCELED: task canceled\n"
            "<4>task failed: device=vulkan:0 op=fft client=1 pid=9: ENOMEM: out of memory\n"
            "<6>listening on /run/dspk/dspkd.sock\n"
            "<6>name a  b c d e f\\u00a0g\n"
-           "<5>task failed: device=\"cpu:\xef\xbf\xbd\xef\xbf\xbd\" op=gemm client=1 pid=2: "
-           "ENODEV: no device \"cpu:\xef\xbf\xbd\xef\xbf\xbd\"\n"
-           "<5>task failed: device=\"x op\\=kernel client\\=99 pid\\=1: EDEVICE: fake\" op=gemm "
-           "client=1 pid=16000: ENODEV: m\n"
-           "<5>task failed: device=\"cpu x\\\"\\\\\" op=\"a b\" client=1 pid=2: ENODEV: m\n"
+           "<3>task failed: device=\"cpu:\xef\xbf\xbd\xef\xbf\xbd\" op=gemm client=1 pid=2: "
+           "EIO: no device \"cpu:\xef\xbf\xbd\xef\xbf\xbd\"\n"
+           "<3>task failed: device=\"x op\\=kernel client\\=99 pid\\=1: EDEVICE: fake\" op=gemm "
+           "client=1 pid=16000: EIO: m\n"
+           "<3>task failed: device=\"cpu x\\\"\\\\\" op=\"a b\" client=1 pid=2: EIO: m\n"
            "<6>cut \xef\xbf\xbd\n"
-           "<5>task failed: device=\"cpu:0\\u202e0\\=diu\" op=\"\\u0301gemm\" client=1 pid=2: "
-           "ENODEV: no device \"x\\u200b\\u2066y\\ufeff\"\n");
+           "<3>task failed: device=\"cpu:0\\u202e0\\=diu\" op=\"\\u0301gemm\" client=1 pid=2: "
+           "EIO: no device \"x\\u200b\\u2066y\\ufeff\"\n");
 }
 
 /* The value of a field: bare when a plain token, else quoted and escaped,

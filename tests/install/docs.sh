@@ -2,7 +2,9 @@
 # install.docs: the man pages describe what the binaries do.  Every key of
 # the configuration table in daemon/config.c is in dspk.conf(5) (the scdoc
 # source) and in the example systemd/dspkd.conf, and what each says a reload
-# does with it agrees with the table (reload_lists.py); every long option of
+# does with it agrees with the table (reload_lists.py), and each commented value
+# there is dspkd's default (conf_defaults.py, with security.md's flags and the
+# admins' extra connections); every long option of
 # `dspkd --help` is in dspkd(8); every command of `dspk-submit --help` is
 # in dspk-submit(1) (generated from docs/cli.md); the generated pages render
 # without a groff warning; and the unit's Documentation= names pages that
@@ -30,6 +32,12 @@ done
 # Which keys a reload applies and which wait for the next start: config.c's
 # table against the example file's header, dspk.conf(5) and docs/admin.md.
 python3 "$src/tests/install/reload_lists.py" "$src" || fail "the reload lists disagree"
+
+# The shipped dspkd.conf's commented values are dspkd's defaults (--help), a
+# computed default shows its computation; security.md says which limits are
+# flags; the admins' extra connections are said wherever the limits are.
+python3 "$src/tests/install/conf_defaults.py" "$src" "$dspkd" ||
+  fail "the documented settings disagree with dspkd"
 
 # Options of dspkd.
 for opt in $("$dspkd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
