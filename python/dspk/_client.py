@@ -200,11 +200,17 @@ _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited ag
 # the frames its Cython decoder adds to a traceback, named "msgpack/_unpacker.pyx").
 # The socket module's Python wrapper (socket.socket() is Python code over _socket, so
 # what its constructor raises, EMFILE, ends in a frame of socket.py) counts as ours too:
-# no signal handler is defined there.
+# no signal handler is defined there.  So does concurrent.futures' _base.py, whose
+# Future.result() raises the exception a future was failed with (the daemon's error,
+# a dspk.Closed of the connection lost, a malformed answer): every synchronous call's
+# error is raised there, and must not pass for a signal handler's (connect() names
+# its socket on a hello refused or malformed only when it tells them apart).  A
+# handler's exception raised while that file's code runs ends in the handler's frame.
 _OURS = tuple(os.path.dirname(f) + os.sep for f in
               ((lambda: None).__code__.co_filename, msgpack.__file__ or "")) + \
     ("msgpack" + os.sep,) + \
-    tuple(f for f in (getattr(_socket, "__file__", None),) if f)
+    tuple(f for f in (getattr(_socket, "__file__", None), getattr(_cf, "__file__", None))
+          if f)
 
 
 class _Mapping:

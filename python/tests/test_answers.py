@@ -60,6 +60,9 @@ class Fake:
                         "data": m[3][0]["data"] if m[3] else b""}])
                 else:
                     out = msgpack.packb([1, m[1], None, {}])
+                if out is None:  # the daemon closes the connection instead
+                    self.conn.shutdown(socket.SHUT_RDWR)
+                    return
                 try:
                     self.conn.sendall(out)
                 except OSError:
@@ -111,8 +114,35 @@ def fake(tmp_path):
         "no-limits", "no-client_id", "daemon-int", "nil", "array"])
 def test_a_malformed_hello_answer_is_a_protocol_error(fake, result):
     f = fake({"hello": answer(result)})
-    with pytest.raises(dspk.ProtocolError, match=r"hello \(request 1\): a malformed answer"):
+    # python.md: "after `connect() to dspkd at PATH: ` as `connect()` raises it"
+    with pytest.raises(dspk.ProtocolError) as ei:
         dspk.connect(f.path, timeout=TIMEOUT)
+    assert ei.value.message.startswith(
+        "connect() to dspkd at %s: hello (request 1): a malformed answer" % f.path), \
+        ei.value.message
+
+
+@pytest.mark.parametrize("hello, cls, rest", [
+    (answer(error={"code": -13, "name": "EPERM", "message": "user 0 is not admitted"}),
+     dspk.PermissionDenied, "user 0 is not admitted"),
+    (answer(error={"code": -4, "name": "ELIMIT", "message": "more than 9 connections"}),
+     dspk.LimitExceeded, "more than 9 connections"),
+    (lambda msgid: b"\xc1", dspk.Closed, "undecodable data from the daemon"),
+    (lambda msgid: None, dspk.Closed, "the daemon closed the connection"),
+], ids=["refused-EPERM", "refused-ELIMIT", "undecodable", "closed"])
+def test_every_error_of_hello_names_the_socket(fake, hello, cls, rest):
+    """python.md "Connecting": an error of connect()'s hello (a malformed answer, the
+    daemon's refusal; a connection closed or undecodable ends the hello the same way)
+    starts with `connect() to dspkd at PATH: ` where its message does not name the
+    socket already.  These errors reach connect() through the future of hello, raised
+    by concurrent.futures' code: they were taken for a signal handler's and passed
+    without the prefix (probe 18 C1)."""
+    f = fake({"hello": hello})
+    with pytest.raises(cls) as ei:
+        dspk.connect(f.path, timeout=TIMEOUT)
+    assert ei.value.message.startswith("connect() to dspkd at %s: %s" % (f.path, rest)), \
+        ei.value.message
+    assert str(ei.value).startswith(ei.value.name + ": connect() to dspkd at ")
 
 
 @pytest.mark.parametrize("method, result, call", [

@@ -939,3 +939,22 @@ def test_docstrings_name_the_threads_and_rules_python_md_names():
     for rule in ("C-contiguous", "little-endian", "multiple of its own item size",
                  "big-endian", "sent as a copy", "dspk.InvalidArgument"):
         assert rule in shared, rule
+
+
+def test_a_connection_the_daemon_refuses_names_the_socket():
+    """A real daemon's refusal past max_clients (python.md "Errors": LimitExceeded from
+    connect()) starts with `connect() to dspkd at PATH: ` as python.md "Connecting"
+    says for every error of hello (probe 18 C1: the refusal came without it)."""
+    d = Daemon(["--max-clients", "1"])
+    clients = []
+    try:
+        with pytest.raises(dspk.LimitExceeded) as ei:
+            for _ in range(64):  # max_clients, and the daemon's slots kept for admins
+                clients.append(dspk.connect(d.socket, timeout=TIMEOUT))
+        assert ei.value.message.startswith("connect() to dspkd at %s: " % d.socket), \
+            ei.value.message
+        assert "max_clients" in ei.value.message
+    finally:
+        for c in clients:
+            c.close()
+        d.stop()
