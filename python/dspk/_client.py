@@ -1671,7 +1671,7 @@ def _number(name: str, v: Any) -> float:
     except Exception as e:  # noqa: BLE001 - what the object's __float__ raises: named
         if isinstance(e, (Error, MemoryError)) or from_signal_handler(e):
             raise
-        raise _errors.InvalidArgument("%s: %s: %s" % (name, type(e).__name__, e)) from e
+        raise _errors.InvalidArgument("%s: %s" % (name, _errors._describe(e))) from e
     else:
         # an infinity itself, or a finite value beyond float64 (an int, a Fraction, a
         # longdouble, another real type: never equal to an infinity)
@@ -2378,7 +2378,7 @@ class Client:
             except Exception as e:  # noqa: BLE001 - what the object raises: named
                 raise _errors.InvalidArgument(
                     "socket: expected a path, got %s whose __fspath__() gives no str "
-                    "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
+                    "or bytes (%s)" % (_kind(socket), _errors._describe(e))) from None
         self._socket_path = os.fsdecode(socket) if socket is not None else default_socket()
         if not self._socket_path:
             raise _errors.ConnectError("cannot connect to dspkd: the socket path is empty "
@@ -2952,8 +2952,8 @@ class Client:
             except BaseException as e:  # noqa: B036 - the future's, on this thread
                 err = _as_error(e)
                 if not isinstance(err, Error):
-                    err = _errors.IOFailure("sending %s: %s: %s" % (
-                        self._request_at(mark), type(e).__name__, e))
+                    err = _errors.IOFailure("sending %s: %s" % (
+                        self._request_at(mark), _errors._describe(e)))
                 self._fail_call(mark, err)
         finally:
             if sl.owner is token:  # no call before the store
@@ -3576,7 +3576,7 @@ class Client:
             # or a ValueError too), or KeyboardInterrupt, propagates as it is.
             undecodable = isinstance(e, Exception) and not _foreign(e)
             what = str(e) if isinstance(e, _NotProtocol) else \
-                "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
+                "undecodable data from the daemon (%s)" % _errors._describe(e) \
                 if undecodable else \
                 "%s while an answer was being read" % type(e).__name__
             self._cut(_errors.Closed(what + "; the connection is closed"))
@@ -3768,8 +3768,8 @@ class Client:
                     if isinstance(e, _Malformed):
                         err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
                     elif not isinstance(err, Error):  # a malformed answer (KeyError...)
-                        err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
-                            what, type(e).__name__, e))
+                        err = _errors.ProtocolError("%s: a malformed answer (%s)" % (
+                            what, _errors._describe(e)))
                     entry = (self._settle_after, (fut, None, err))
                 else:
                     entry = (self._settle_after, (fut, value))
@@ -3786,7 +3786,7 @@ class Client:
                 call = self._pending.get(params.get("msgid"))
             if call is not None and call.progress is not None:
                 try:
-                    what = str(params.get("what", ""))
+                    what = _errors._wire_text(params.get("what"))
                     frac = float(params.get("fraction", 0.0))
                 except (TypeError, ValueError):
                     return
@@ -4198,8 +4198,8 @@ class Client:
         except BaseException as e:  # noqa: B036 - the future's: see below
             err = _as_error(e)
             if isinstance(err, Exception) and not isinstance(err, Error):
-                err = _errors.InternalError("%s: %s: %s" % (
-                    getattr(job.fn, "__name__", "submit")[4:], type(err).__name__, err))
+                err = _errors.InternalError("%s: %s" % (
+                    getattr(job.fn, "__name__", "submit")[4:], _errors._describe(err)))
         finally:
             with self._work_lock:
                 job.inner = inner
@@ -5362,8 +5362,8 @@ class Client:
                                                 "answer: %s" % (inner.msgid, e))
                 elif isinstance(err, Exception) and not isinstance(err, Error):
                     err = _errors.ProtocolError("task.run (request %d): a malformed "
-                                                "answer (%s: %s)" % (inner.msgid,
-                                                                     type(e).__name__, e))
+                                                "answer (%s)" % (inner.msgid,
+                                                                 _errors._describe(e)))
                 finish(exc=err)
                 return
             left = [len(reads)]

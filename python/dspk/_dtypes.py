@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Tuple, TypeVar
 
 import numpy as np
 
-from ._errors import DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError
+from ._errors import DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError, _describe
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -79,8 +79,8 @@ def user_code(what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T
         if from_signal_handler(e):
             raise
         if isinstance(e, MemoryError):
-            raise OutOfMemory("%s: %s: %s" % (what, type(e).__name__, e)) from e
-        raise InvalidArgument("%s: %s: %s" % (what, type(e).__name__, e)) from e
+            raise OutOfMemory("%s: %s" % (what, _describe(e))) from e
+        raise InvalidArgument("%s: %s" % (what, _describe(e))) from e
 
 
 def as_ndarray(x: Any, what: str) -> np.ndarray:
