@@ -5147,6 +5147,8 @@ class Client:
             args, bigs, temps, decode, target = self._task_request(op, inputs, options,
                                                                    device, out, shm,
                                                                    is_async, shared)
+            if is_async:
+                self._trim_for_submit(op, inputs, options, out, args, target)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
                                     args, bigs, temps, decode, target, shm, owner, shared)
         except _NoShared:  # nothing of the task was sent
@@ -5168,18 +5170,60 @@ class Client:
         if shm:
             shm.fut = fut  # one store: no signal handler runs before or after it
             fut._add_inline(lambda f: self._temps_done(f, shm))
-            if not is_async:
-                try:
-                    self._wait(fut)
-                except _errors.LimitExceeded:
-                    # Refused before it ran (a quota, max_buffers): through the
-                    # socket, with the idle temporaries freed first.  (_temps_done may
-                    # not have run yet on the thread that read the answer: putting the
-                    # temporaries back twice does no harm.)
+        if not is_async and shared:
+            # (shared: not once more for a call that is this rule's second try)
+            try:
+                self._wait(fut)
+            except _errors.LimitExceeded:
+                # Refused before it ran (a quota, max_buffers) while it held shared
+                # temporaries, or while the connection held idle ones, which count
+                # toward the same quotas: through the socket, with the idle
+                # temporaries freed first.  (_temps_done may not have run yet on the
+                # thread that read the answer: putting the temporaries back twice
+                # does no harm.)
+                if shm:
                     self._temp_put(shm)
-                    self._drop_idle_temps()
-                    return again()
+                if not self._drop_idle_temps() and not shm:
+                    raise
+                return again()
         return fut
+
+    def _trim_for_submit(self, op: str, inputs: Sequence[ArrayLike],
+                         options: Mapping[str, Any], out: Optional[OutArg],
+                         args: Mapping[str, Any], target: str) -> None:
+        """submit() cannot send its task again once refused (the caller may write its
+        arrays as soon as submit() returns), nor wait for a free's answer: so before
+        its task goes, when the task's memory on cpu:0 (its inline operands and its
+        result, as the daemon's quotas count them) and the idle shared temporaries
+        (on cpu:0 too) together pass the connection's memory quota there (hello's
+        cpu_memory_quota), the idle temporaries are freed, their buffer.free sent
+        before the task (_queue_free: the send lock is this thread's next, or the
+        frees go first with the task's request), so that the daemon never refuses it
+        for what the client's own cache holds.  Without waiting for anything."""
+        quota = self._limits.get("cpu_memory_quota")
+        if not isinstance(quota, int) or quota < 0 or target not in ("any", "cpu:0"):
+            return
+        with self._temp_lock:
+            idle = sum(t.size for t in self._temps if not t.busy)
+        if not idle:
+            return
+        need = 0
+        for t in args.get("inputs", ()):
+            if isinstance(t, dict) and "data" in t:  # inline (a bin, or its placeholder)
+                need += numpy_dtype(t["dtype"]).itemsize * math.prod(t["shape"])
+        if "outputs" not in args:
+            try:
+                need += _result_bound(op, inputs, options, self._limits) or 0
+            except Exception as e:  # noqa: BLE001 - checked before: no bound to add
+                if from_signal_handler(e):
+                    raise
+        if need + idle <= quota:
+            return
+        with self._temp_lock:
+            drop = [t for t in self._temps if not t.busy]
+            for t in drop:
+                self._temps.remove(t)
+        self._temp_free(drop)
 
     def _temps_done(self, fut: concurrent.futures.Future, shm: _TempList) -> None:
         """The task of ``fut`` is answered: its temporaries are free for the next.  A
