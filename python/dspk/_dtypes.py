@@ -202,6 +202,11 @@ def _python_reals(a: np.ndarray) -> np.ndarray:
     flat = a.reshape(-1)
     out = np.empty(flat.shape, np.float64)
     for i, v in enumerate(flat):
+        if isinstance(v, np.ndarray) and v.ndim == 0:
+            # A 0-d array among the elements of a list (numpy.asarray takes its one
+            # value, [np.array(1.0), 2.0] is [1., 2.]): converted from that value,
+            # under the rules of a scalar of its type.
+            v = v[()]
         if isinstance(v, (float, np.floating)):
             if not np.isfinite(v) or v == 0:  # -0.0 keeps its sign (its ratio is 0/1)
                 out[i] = float(v)
