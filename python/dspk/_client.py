@@ -1488,6 +1488,16 @@ def _task_outputs(res: Any, count: int, expect: Optional[_Expect] = None
     return outs
 
 
+def _out_refusal(out: Any) -> str:
+    """The one message for an ``out=`` of a type that takes no result (a list, a numpy
+    scalar, a plain numpy array in the process's own memory...): it names every type
+    that does."""
+    got = "a numpy array not in shared memory" if isinstance(out, np.ndarray) else \
+        _kind(out)
+    return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
+            "C-contiguous slice of one) of this connection, got %s" % got)
+
+
 def _foreign_array(what: str, d: "DeviceArray") -> str:
     """The message for a DeviceArray of another client passed to an op of this one: its
     buffer id means nothing (or another buffer) on this connection."""
@@ -4910,9 +4920,7 @@ class Client:
                         "memory is imported into that client's connection only; pass it "
                         "to an op of that client, or use a shared array of this one")
                 if ref is None:
-                    raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
-                                                  "array (Client.empty_shared) of this "
-                                                  "connection")
+                    raise _errors.InvalidArgument(_out_refusal(out))
                 if out.dtype.byteorder == ">":
                     raise _errors.InvalidArgument("out=: dtype %s is big-endian (the daemon "
                                                   "writes little-endian)" % out.dtype)
@@ -4930,7 +4938,7 @@ class Client:
             elif isinstance(out, DeviceArray) and out.client is not self:
                 raise _errors.InvalidArgument(_foreign_array("out=", out))
             elif not isinstance(out, DeviceArray):
-                raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
+                raise _errors.InvalidArgument(_out_refusal(out))
             else:
                 out._live("out=")
                 pin(out.device, "out= (a DeviceArray)")

@@ -979,3 +979,24 @@ def test_a_pinned_operand_on_another_device_is_named(tmp_path):
             assert c.ping() > 0
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("bad", [np.ones(4, np.float32), [0.0] * 4, np.float32(1.0),
+                                 (1, 2, 3, 4), "out", 5, bytearray(16)],
+                         ids=["ndarray", "list", "numpy-scalar", "tuple", "str", "int",
+                              "bytearray"])
+@pytest.mark.parametrize("how", ["call", "submit"])
+def test_one_out_refusal_for_every_wrong_type(client, bad, how):
+    """out= of a type that takes no result: one message for every type, naming every
+    type accepted (a list or a numpy scalar said "must be a DeviceArray of this
+    connection", as if a shared array were not taken; probe 18 C5)."""
+    x = np.ones(4, np.float32)
+    with pytest.raises(dspk.InvalidArgument) as ei:
+        if how == "call":
+            client.map("scale", x, alpha=2.0, out=bad)
+        else:
+            client.submit("map", "scale", x, alpha=2.0, out=bad)
+    assert ei.value.message.startswith(
+        "out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
+        "C-contiguous slice of one) of this connection, got "), ei.value.message
+    client.ping()
