@@ -2825,6 +2825,10 @@ class Client:
 
     @property
     def max_message(self) -> int:
+        """The daemon's ``max_message`` (``c.limits["max_message"]``, from ``hello``):
+        the largest message, in bytes, either end may send on this connection; the
+        client stages larger operands and results through temporary buffers, and
+        writes and reads buffers in chunks below it."""
         return int(self._limits.get("max_message", _DEFAULT_MAX_MESSAGE))
 
     # ---- wire --------------------------------------------------------------------
@@ -4390,7 +4394,9 @@ class Client:
 
     def empty(self, shape: Integers, dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
-        """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``; ``dtype``
+        anything ``numpy.dtype()`` takes that dspk has (float32 when not given; None is
+        float64, as numpy has it)."""
         return self._handing(self._empty, shape, dtype, device)
 
     @_errors_as_dspk
