@@ -1046,16 +1046,43 @@ class TaskFuture(concurrent.futures.Future):
                 _cf.LOGGER.exception("exception calling callback for %r", self)
             self._ran = i + 1
 
+    # The executor's side of concurrent.futures.Future: a TaskFuture is completed by
+    # its client from the daemon's answer (Client._settle calls _finish), so these are
+    # refused to the user: set_result() made result() return a value the daemon never
+    # sent (its answer then dropped), set_running_or_notify_cancel() made a future
+    # running, which a TaskFuture never is (python.md, Futures).
+
     def set_result(self, result: Any) -> None:
-        """As concurrent.futures.Future's (used by the client's threads)."""
-        self._finish(result, None)
+        """Refused (dspk.NotSupported): a TaskFuture is completed by its client only,
+        from the daemon's answer."""
+        raise self._executor_only("set_result")
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
-        """As concurrent.futures.Future's (used by the client's threads)."""
-        self._finish(None, exception)
+        """Refused (dspk.NotSupported): a TaskFuture is completed by its client only,
+        from the daemon's answer (cancel() or Client.cancel() stop its task)."""
+        raise self._executor_only("set_exception")
 
     def set_running_or_notify_cancel(self) -> bool:
-        """As concurrent.futures.Future's, under _locked()."""
+        """Refused (dspk.NotSupported): a TaskFuture is never running (its work runs
+        in the daemon), and the client tells the waiters of a canceled one itself."""
+        raise self._executor_only("set_running_or_notify_cancel")
+
+    @staticmethod
+    def _executor_only(name: str) -> Error:
+        return _errors.NotSupported(
+            "TaskFuture.%s(): the executor's side of concurrent.futures.Future; a "
+            "TaskFuture is completed by its client from the daemon's answer (cancel() "
+            "or Client.cancel() stop its task)" % name)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """pickle and copy: TypeError.  A TaskFuture is a request pending on one
+        connection of this process, completed by that client's threads only."""
+        raise TypeError("cannot pickle or copy a dspk.TaskFuture (a request of one "
+                        "connection of this process): pickle its result() instead")
+
+    def _notify_if_canceled(self) -> bool:
+        """concurrent.futures.Future.set_running_or_notify_cancel for a canceled one,
+        under _locked(): moves it on to CANCELLED_AND_NOTIFIED, its waiters told."""
         with self._locked():
             if self._state == _cf.CANCELLED:
                 self._state = _cf.CANCELLED_AND_NOTIFIED
@@ -1063,9 +1090,6 @@ class TaskFuture(concurrent.futures.Future):
                     if _waiter_usable(waiter):
                         waiter.add_cancelled(self)
                 return False
-            if self._state == _cf.PENDING:
-                self._state = _cf.RUNNING
-                return True
             raise RuntimeError("Future in unexpected state")
 
     def done(self) -> bool:
@@ -1158,7 +1182,11 @@ class TaskFuture(concurrent.futures.Future):
         (SystemExit, KeyboardInterrupt) is ignored.  On a future already done ``fn``
         runs at once in the calling thread, as concurrent.futures runs it: an
         Exception it raises is logged and add_done_callback() returns normally; only
-        one that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
+        one that is not an Exception (KeyboardInterrupt, SystemExit) propagates.
+        ``fn`` that is not callable is a TypeError at once (it would fail only as the
+        future completes, logged)."""
+        if not callable(fn):
+            raise TypeError("add_done_callback: fn must be callable, got %s" % _kind(fn))
         owner = self._owner
         if self.done() or owner is None:
             self._add_callback(fn)
@@ -1237,7 +1265,7 @@ class TaskFuture(concurrent.futures.Future):
     def _notify_canceled(self) -> None:
         if self.cancelled():
             try:
-                self.set_running_or_notify_cancel()  # False: canceled, waiters told
+                self._notify_if_canceled()  # False: canceled, waiters told
             except RuntimeError:
                 pass  # told already (another cancel() of it)
 
@@ -3961,7 +3989,9 @@ class Client:
     def _settle(fut: concurrent.futures.Future, value: Any = None,
                 exc: Optional[BaseException] = None) -> None:
         try:
-            if exc is not None:
+            if isinstance(fut, TaskFuture):  # whose set_result() is refused to users
+                fut._finish(value if exc is None else None, exc)
+            elif exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)

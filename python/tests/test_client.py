@@ -999,3 +999,35 @@ def test_every_public_member_has_a_docstring_and_empty_its_documented_signature(
     sig = inspect.signature(dspk.Client.empty)
     assert sig.parameters["dtype"].default is np.float32
     assert sig.parameters["device"].default == "any"
+
+
+def test_task_future_refuses_the_executor_side_non_callables_and_pickle(client):
+    """A TaskFuture is completed by its client only: set_result() on a pending one made
+    result() return 42 and dropped the daemon's answer, set_running_or_notify_cancel()
+    made it running (python.md: never running); add_done_callback(5) was taken and
+    only logged a TypeError later; pickle named an internal '_FutureLock' (probe 18
+    C7).  Now each is refused at once, and the future still completes with the
+    daemon's answer."""
+    import copy
+    import pickle
+    x = np.arange(4, dtype=np.float32)
+    f = client.submit("map", "scale", x, alpha=2.0)
+    for call in (lambda: f.set_result(42), lambda: f.set_exception(ValueError("x")),
+                 f.set_running_or_notify_cancel):
+        with pytest.raises(dspk.NotSupported, match=r"TaskFuture\.set_"):
+            call()
+    assert not f.running()
+    with pytest.raises(TypeError, match="add_done_callback: fn must be callable, got int 5"):
+        f.add_done_callback(5)
+    for how in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot pickle or copy a dspk.TaskFuture"):
+            how(f)
+    np.testing.assert_array_equal(f.result(TIMEOUT), 2 * x)  # the daemon's answer
+    with pytest.raises(dspk.NotSupported):
+        f.set_result(42)
+    np.testing.assert_array_equal(f.result(TIMEOUT), 2 * x)
+    # canceling still tells concurrent.futures.wait(), as before
+    g = client.submit("map", "scale", np.ones(1 << 16, np.float32), alpha=3.0)
+    g.cancel()
+    done, _ = concurrent.futures.wait([g], timeout=TIMEOUT)
+    assert g in done
