@@ -657,9 +657,10 @@ class _TempList(list):  # of _Temp
 
 
 def default_socket() -> str:
-    """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root or in a
-    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock`` when that is
-    an absolute path; else ``/run/dspk/dspkd.sock``, the node's daemon."""
+    """The socket path of docs/protocol.md: ``$DSPK_SOCKET`` when set and not empty (an
+    empty one is as unset); else, unless root or in a Slurm job (``$SLURM_JOB_ID`` set
+    and not empty), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock`` when that is an absolute path;
+    else ``/run/dspk/dspkd.sock``, the node's daemon."""
     env = os.environ.get("DSPK_SOCKET")
     if env:
         return env

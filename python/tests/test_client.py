@@ -37,6 +37,25 @@ def test_default_socket(monkeypatch):
     assert dspk.default_socket() == "/run/dspk/dspkd.sock"
 
 
+def test_default_socket_empty_variables_are_unset(monkeypatch, tmp_path):
+    """An empty $DSPK_SOCKET is as unset (the default socket), and so is an empty
+    $SLURM_JOB_ID (no job: $XDG_RUNTIME_DIR's socket), as libdspkclient, dspk-submit
+    and dspkd take them; python.md and protocol.md said "if set" (probe 18 C8: the
+    docs were wrong, the behaviour is pinned here).  connect() with an empty
+    $DSPK_SOCKET tries the default, never the empty path."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("DSPK_SOCKET", "")
+    monkeypatch.setenv("SLURM_JOB_ID", "")
+    want = os.path.join(str(tmp_path), "dspk", "dspkd.sock")
+    assert dspk.default_socket() == want
+    with pytest.raises(dspk.ConnectError) as ei:
+        dspk.connect()
+    assert ei.value.message.startswith("cannot connect to dspkd at %s: " % want)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert dspk.default_socket() == "/run/dspk/dspkd.sock"
+
+
 def test_default_socket_relative_xdg(monkeypatch):
     """A relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory spec asks: it
     was used, the path then depending on the working directory (probe round 13).  As
