@@ -1100,8 +1100,8 @@ def test_to_bfloat16_of_a_list_holding_0d_arrays():
                      ([np.array(np.longdouble(1) / 3), np.float16(0.5)],
                       [Fraction(*(np.longdouble(1) / 3).as_integer_ratio()),
                        Fraction(1, 2)]),
-                     ([[np.array(0.25), 3], [np.array(-0.0), np.array(2 ** 70, object)]],
-                      [Fraction(1, 4), 3, 0, 2 ** 70])):
+                     ([[np.array(0.25), 3], [np.array(-0.5), np.array(2 ** 70, object)]],
+                      [Fraction(1, 4), 3, Fraction(-1, 2), 2 ** 70])):
         got = dspk.to_bfloat16(x)
         assert got.shape == np.asarray(x).shape
         assert got.view("<u2").reshape(-1).tolist() == \
