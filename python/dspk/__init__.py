@@ -22,15 +22,9 @@ from ._errors import (Busy, Canceled, Closed, CompileError, ConnectError, Device
 
 __version__ = "0.1.0"
 
-float32 = DTYPES["f32"]
-float64 = DTYPES["f64"]
-complex64 = DTYPES["c64"]
-complex128 = DTYPES["c128"]
-float16 = DTYPES["f16"]
-
+# Exactly the names of python.md's "Names" (test_client checks the two agree).
 __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture", "DTYPES",
-           "bfloat16", "to_bfloat16", "from_bfloat16", "float32", "float64", "complex64",
-           "complex128", "float16", "__version__",
+           "bfloat16", "to_bfloat16", "from_bfloat16", "__version__",
            "Error", "InvalidArgument", "OutOfMemory", "ProtocolError", "LimitExceeded",
            "NoMethod", "NoDevice", "DtypeError", "ShapeError", "NoBuffer", "RangeError",
            "Canceled", "Shutdown", "PermissionDenied", "IOFailure", "Closed", "ConnectError",

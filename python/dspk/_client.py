@@ -200,11 +200,17 @@ _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited ag
 # the frames its Cython decoder adds to a traceback, named "msgpack/_unpacker.pyx").
 # The socket module's Python wrapper (socket.socket() is Python code over _socket, so
 # what its constructor raises, EMFILE, ends in a frame of socket.py) counts as ours too:
-# no signal handler is defined there.
+# no signal handler is defined there.  So does concurrent.futures' _base.py, whose
+# Future.result() raises the exception a future was failed with (the daemon's error,
+# a dspk.Closed of the connection lost, a malformed answer): every synchronous call's
+# error is raised there, and must not pass for a signal handler's (connect() names
+# its socket on a hello refused or malformed only when it tells them apart).  A
+# handler's exception raised while that file's code runs ends in the handler's frame.
 _OURS = tuple(os.path.dirname(f) + os.sep for f in
               ((lambda: None).__code__.co_filename, msgpack.__file__ or "")) + \
     ("msgpack" + os.sep,) + \
-    tuple(f for f in (getattr(_socket, "__file__", None),) if f)
+    tuple(f for f in (getattr(_socket, "__file__", None), getattr(_cf, "__file__", None))
+          if f)
 
 
 class _Mapping:
@@ -651,9 +657,10 @@ class _TempList(list):  # of _Temp
 
 
 def default_socket() -> str:
-    """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root or in a
-    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock`` when that is
-    an absolute path; else ``/run/dspk/dspkd.sock``, the node's daemon."""
+    """The socket path of docs/protocol.md: ``$DSPK_SOCKET`` when set and not empty (an
+    empty one is as unset); else, unless root or in a Slurm job (``$SLURM_JOB_ID`` set
+    and not empty), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock`` when that is an absolute path;
+    else ``/run/dspk/dspkd.sock``, the node's daemon."""
     env = os.environ.get("DSPK_SOCKET")
     if env:
         return env
@@ -1040,16 +1047,43 @@ class TaskFuture(concurrent.futures.Future):
                 _cf.LOGGER.exception("exception calling callback for %r", self)
             self._ran = i + 1
 
+    # The executor's side of concurrent.futures.Future: a TaskFuture is completed by
+    # its client from the daemon's answer (Client._settle calls _finish), so these are
+    # refused to the user: set_result() made result() return a value the daemon never
+    # sent (its answer then dropped), set_running_or_notify_cancel() made a future
+    # running, which a TaskFuture never is (python.md, Futures).
+
     def set_result(self, result: Any) -> None:
-        """As concurrent.futures.Future's (used by the client's threads)."""
-        self._finish(result, None)
+        """Refused (dspk.NotSupported): a TaskFuture is completed by its client only,
+        from the daemon's answer."""
+        raise self._executor_only("set_result")
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
-        """As concurrent.futures.Future's (used by the client's threads)."""
-        self._finish(None, exception)
+        """Refused (dspk.NotSupported): a TaskFuture is completed by its client only,
+        from the daemon's answer (cancel() or Client.cancel() stop its task)."""
+        raise self._executor_only("set_exception")
 
     def set_running_or_notify_cancel(self) -> bool:
-        """As concurrent.futures.Future's, under _locked()."""
+        """Refused (dspk.NotSupported): a TaskFuture is never running (its work runs
+        in the daemon), and the client tells the waiters of a canceled one itself."""
+        raise self._executor_only("set_running_or_notify_cancel")
+
+    @staticmethod
+    def _executor_only(name: str) -> Error:
+        return _errors.NotSupported(
+            "TaskFuture.%s(): the executor's side of concurrent.futures.Future; a "
+            "TaskFuture is completed by its client from the daemon's answer (cancel() "
+            "or Client.cancel() stop its task)" % name)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """pickle and copy: TypeError.  A TaskFuture is a request pending on one
+        connection of this process, completed by that client's threads only."""
+        raise TypeError("cannot pickle or copy a dspk.TaskFuture (a request of one "
+                        "connection of this process): pickle its result() instead")
+
+    def _notify_if_canceled(self) -> bool:
+        """concurrent.futures.Future.set_running_or_notify_cancel for a canceled one,
+        under _locked(): moves it on to CANCELLED_AND_NOTIFIED, its waiters told."""
         with self._locked():
             if self._state == _cf.CANCELLED:
                 self._state = _cf.CANCELLED_AND_NOTIFIED
@@ -1057,9 +1091,6 @@ class TaskFuture(concurrent.futures.Future):
                     if _waiter_usable(waiter):
                         waiter.add_cancelled(self)
                 return False
-            if self._state == _cf.PENDING:
-                self._state = _cf.RUNNING
-                return True
             raise RuntimeError("Future in unexpected state")
 
     def done(self) -> bool:
@@ -1152,7 +1183,11 @@ class TaskFuture(concurrent.futures.Future):
         (SystemExit, KeyboardInterrupt) is ignored.  On a future already done ``fn``
         runs at once in the calling thread, as concurrent.futures runs it: an
         Exception it raises is logged and add_done_callback() returns normally; only
-        one that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
+        one that is not an Exception (KeyboardInterrupt, SystemExit) propagates.
+        ``fn`` that is not callable is a TypeError at once (it would fail only as the
+        future completes, logged)."""
+        if not callable(fn):
+            raise TypeError("add_done_callback: fn must be callable, got %s" % _kind(fn))
         owner = self._owner
         if self.done() or owner is None:
             self._add_callback(fn)
@@ -1231,7 +1266,7 @@ class TaskFuture(concurrent.futures.Future):
     def _notify_canceled(self) -> None:
         if self.cancelled():
             try:
-                self.set_running_or_notify_cancel()  # False: canceled, waiters told
+                self._notify_if_canceled()  # False: canceled, waiters told
             except RuntimeError:
                 pass  # told already (another cancel() of it)
 
@@ -1482,6 +1517,16 @@ def _task_outputs(res: Any, count: int, expect: Optional[_Expect] = None
     return outs
 
 
+def _out_refusal(out: Any) -> str:
+    """The one message for an ``out=`` of a type that takes no result (a list, a numpy
+    scalar, a plain numpy array in the process's own memory...): it names every type
+    that does."""
+    got = "a numpy array not in shared memory" if isinstance(out, np.ndarray) else \
+        _kind(out)
+    return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
+            "C-contiguous slice of one) of this connection, got %s" % got)
+
+
 def _foreign_array(what: str, d: "DeviceArray") -> str:
     """The message for a DeviceArray of another client passed to an op of this one: its
     buffer id means nothing (or another buffer) on this connection."""
@@ -1665,7 +1710,7 @@ def _number(name: str, v: Any) -> float:
     except Exception as e:  # noqa: BLE001 - what the object's __float__ raises: named
         if isinstance(e, (Error, MemoryError)) or from_signal_handler(e):
             raise
-        raise _errors.InvalidArgument("%s: %s: %s" % (name, type(e).__name__, e)) from e
+        raise _errors.InvalidArgument("%s: %s" % (name, _errors._describe(e))) from e
     else:
         # an infinity itself, or a finite value beyond float64 (an int, a Fraction, a
         # longdouble, another real type: never equal to an infinity)
@@ -2372,7 +2417,7 @@ class Client:
             except Exception as e:  # noqa: BLE001 - what the object raises: named
                 raise _errors.InvalidArgument(
                     "socket: expected a path, got %s whose __fspath__() gives no str "
-                    "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
+                    "or bytes (%s)" % (_kind(socket), _errors._describe(e))) from None
         self._socket_path = os.fsdecode(socket) if socket is not None else default_socket()
         if not self._socket_path:
             raise _errors.ConnectError("cannot connect to dspkd: the socket path is empty "
@@ -2809,6 +2854,10 @@ class Client:
 
     @property
     def max_message(self) -> int:
+        """The daemon's ``max_message`` (``c.limits["max_message"]``, from ``hello``):
+        the largest message, in bytes, either end may send on this connection; the
+        client stages larger operands and results through temporary buffers, and
+        writes and reads buffers in chunks below it."""
         return int(self._limits.get("max_message", _DEFAULT_MAX_MESSAGE))
 
     # ---- wire --------------------------------------------------------------------
@@ -2946,8 +2995,8 @@ class Client:
             except BaseException as e:  # noqa: B036 - the future's, on this thread
                 err = _as_error(e)
                 if not isinstance(err, Error):
-                    err = _errors.IOFailure("sending %s: %s: %s" % (
-                        self._request_at(mark), type(e).__name__, e))
+                    err = _errors.IOFailure("sending %s: %s" % (
+                        self._request_at(mark), _errors._describe(e)))
                 self._fail_call(mark, err)
         finally:
             if sl.owner is token:  # no call before the store
@@ -3570,7 +3619,7 @@ class Client:
             # or a ValueError too), or KeyboardInterrupt, propagates as it is.
             undecodable = isinstance(e, Exception) and not _foreign(e)
             what = str(e) if isinstance(e, _NotProtocol) else \
-                "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
+                "undecodable data from the daemon (%s)" % _errors._describe(e) \
                 if undecodable else \
                 "%s while an answer was being read" % type(e).__name__
             self._cut(_errors.Closed(what + "; the connection is closed"))
@@ -3762,8 +3811,8 @@ class Client:
                     if isinstance(e, _Malformed):
                         err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
                     elif not isinstance(err, Error):  # a malformed answer (KeyError...)
-                        err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
-                            what, type(e).__name__, e))
+                        err = _errors.ProtocolError("%s: a malformed answer (%s)" % (
+                            what, _errors._describe(e)))
                     entry = (self._settle_after, (fut, None, err))
                 else:
                     entry = (self._settle_after, (fut, value))
@@ -3780,7 +3829,7 @@ class Client:
                 call = self._pending.get(params.get("msgid"))
             if call is not None and call.progress is not None:
                 try:
-                    what = str(params.get("what", ""))
+                    what = _errors._wire_text(params.get("what"))
                     frac = float(params.get("fraction", 0.0))
                 except (TypeError, ValueError):
                     return
@@ -3941,7 +3990,9 @@ class Client:
     def _settle(fut: concurrent.futures.Future, value: Any = None,
                 exc: Optional[BaseException] = None) -> None:
         try:
-            if exc is not None:
+            if isinstance(fut, TaskFuture):  # whose set_result() is refused to users
+                fut._finish(value if exc is None else None, exc)
+            elif exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
@@ -4192,8 +4243,8 @@ class Client:
         except BaseException as e:  # noqa: B036 - the future's: see below
             err = _as_error(e)
             if isinstance(err, Exception) and not isinstance(err, Error):
-                err = _errors.InternalError("%s: %s: %s" % (
-                    getattr(job.fn, "__name__", "submit")[4:], type(err).__name__, err))
+                err = _errors.InternalError("%s: %s" % (
+                    getattr(job.fn, "__name__", "submit")[4:], _errors._describe(err)))
         finally:
             with self._work_lock:
                 job.inner = inner
@@ -4374,7 +4425,9 @@ class Client:
 
     def empty(self, shape: Integers, dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
-        """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``; ``dtype``
+        anything ``numpy.dtype()`` takes that dspk has (float32 when not given; None is
+        float64, as numpy has it)."""
         return self._handing(self._empty, shape, dtype, device)
 
     @_errors_as_dspk
@@ -4904,9 +4957,7 @@ class Client:
                         "memory is imported into that client's connection only; pass it "
                         "to an op of that client, or use a shared array of this one")
                 if ref is None:
-                    raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
-                                                  "array (Client.empty_shared) of this "
-                                                  "connection")
+                    raise _errors.InvalidArgument(_out_refusal(out))
                 if out.dtype.byteorder == ">":
                     raise _errors.InvalidArgument("out=: dtype %s is big-endian (the daemon "
                                                   "writes little-endian)" % out.dtype)
@@ -4924,7 +4975,7 @@ class Client:
             elif isinstance(out, DeviceArray) and out.client is not self:
                 raise _errors.InvalidArgument(_foreign_array("out=", out))
             elif not isinstance(out, DeviceArray):
-                raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
+                raise _errors.InvalidArgument(_out_refusal(out))
             else:
                 out._live("out=")
                 pin(out.device, "out= (a DeviceArray)")
@@ -5141,6 +5192,8 @@ class Client:
             args, bigs, temps, decode, target = self._task_request(op, inputs, options,
                                                                    device, out, shm,
                                                                    is_async, shared)
+            if is_async:
+                self._trim_for_submit(op, inputs, options, out, args, target)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
                                     args, bigs, temps, decode, target, shm, owner, shared)
         except _NoShared:  # nothing of the task was sent
@@ -5162,18 +5215,60 @@ class Client:
         if shm:
             shm.fut = fut  # one store: no signal handler runs before or after it
             fut._add_inline(lambda f: self._temps_done(f, shm))
-            if not is_async:
-                try:
-                    self._wait(fut)
-                except _errors.LimitExceeded:
-                    # Refused before it ran (a quota, max_buffers): through the
-                    # socket, with the idle temporaries freed first.  (_temps_done may
-                    # not have run yet on the thread that read the answer: putting the
-                    # temporaries back twice does no harm.)
+        if not is_async and shared:
+            # (shared: not once more for a call that is this rule's second try)
+            try:
+                self._wait(fut)
+            except _errors.LimitExceeded:
+                # Refused before it ran (a quota, max_buffers) while it held shared
+                # temporaries, or while the connection held idle ones, which count
+                # toward the same quotas: through the socket, with the idle
+                # temporaries freed first.  (_temps_done may not have run yet on the
+                # thread that read the answer: putting the temporaries back twice
+                # does no harm.)
+                if shm:
                     self._temp_put(shm)
-                    self._drop_idle_temps()
-                    return again()
+                if not self._drop_idle_temps() and not shm:
+                    raise
+                return again()
         return fut
+
+    def _trim_for_submit(self, op: str, inputs: Sequence[ArrayLike],
+                         options: Mapping[str, Any], out: Optional[OutArg],
+                         args: Mapping[str, Any], target: str) -> None:
+        """submit() cannot send its task again once refused (the caller may write its
+        arrays as soon as submit() returns), nor wait for a free's answer: so before
+        its task goes, when the task's memory on cpu:0 (its inline operands and its
+        result, as the daemon's quotas count them) and the idle shared temporaries
+        (on cpu:0 too) together pass the connection's memory quota there (hello's
+        cpu_memory_quota), the idle temporaries are freed, their buffer.free sent
+        before the task (_queue_free: the send lock is this thread's next, or the
+        frees go first with the task's request), so that the daemon never refuses it
+        for what the client's own cache holds.  Without waiting for anything."""
+        quota = self._limits.get("cpu_memory_quota")
+        if not isinstance(quota, int) or quota < 0 or target not in ("any", "cpu:0"):
+            return
+        with self._temp_lock:
+            idle = sum(t.size for t in self._temps if not t.busy)
+        if not idle:
+            return
+        need = 0
+        for t in args.get("inputs", ()):
+            if isinstance(t, dict) and "data" in t:  # inline (a bin, or its placeholder)
+                need += numpy_dtype(t["dtype"]).itemsize * math.prod(t["shape"])
+        if "outputs" not in args:
+            try:
+                need += _result_bound(op, inputs, options, self._limits) or 0
+            except Exception as e:  # noqa: BLE001 - checked before: no bound to add
+                if from_signal_handler(e):
+                    raise
+        if need + idle <= quota:
+            return
+        with self._temp_lock:
+            drop = [t for t in self._temps if not t.busy]
+            for t in drop:
+                self._temps.remove(t)
+        self._temp_free(drop)
 
     def _temps_done(self, fut: concurrent.futures.Future, shm: _TempList) -> None:
         """The task of ``fut`` is answered: its temporaries are free for the next.  A
@@ -5356,8 +5451,8 @@ class Client:
                                                 "answer: %s" % (inner.msgid, e))
                 elif isinstance(err, Exception) and not isinstance(err, Error):
                     err = _errors.ProtocolError("task.run (request %d): a malformed "
-                                                "answer (%s: %s)" % (inner.msgid,
-                                                                     type(e).__name__, e))
+                                                "answer (%s)" % (inner.msgid,
+                                                                 _errors._describe(e)))
                 finish(exc=err)
                 return
             left = [len(reads)]

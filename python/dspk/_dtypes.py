@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Tuple, TypeVar
 
 import numpy as np
 
-from ._errors import DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError
+from ._errors import DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError, _describe
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -79,8 +79,8 @@ def user_code(what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T
         if from_signal_handler(e):
             raise
         if isinstance(e, MemoryError):
-            raise OutOfMemory("%s: %s: %s" % (what, type(e).__name__, e)) from e
-        raise InvalidArgument("%s: %s: %s" % (what, type(e).__name__, e)) from e
+            raise OutOfMemory("%s: %s" % (what, _describe(e))) from e
+        raise InvalidArgument("%s: %s" % (what, _describe(e))) from e
 
 
 def as_ndarray(x: Any, what: str) -> np.ndarray:
@@ -202,6 +202,11 @@ def _python_reals(a: np.ndarray) -> np.ndarray:
     flat = a.reshape(-1)
     out = np.empty(flat.shape, np.float64)
     for i, v in enumerate(flat):
+        if isinstance(v, np.ndarray) and v.ndim == 0:
+            # A 0-d array among the elements of a list (numpy.asarray takes its one
+            # value, [np.array(1.0), 2.0] is [1., 2.]): converted from that value,
+            # under the rules of a scalar of its type.
+            v = v[()]
         if isinstance(v, (float, np.floating)):
             if not np.isfinite(v) or v == 0:  # -0.0 keeps its sign (its ratio is 0/1)
                 out[i] = float(v)

@@ -89,15 +89,49 @@ for _row in _TABLE:
 del _row
 
 
+def _wire_text(v: Any) -> str:
+    """Text of an answer as the client shows it: a msgpack str as it is (the decoder
+    put U+FFFD in place of what is not UTF-8), a bin (``bytes``) decoded the same way,
+    ``bytes.decode(errors="replace")``; nothing (``None``) is ""; any other value as
+    ``str()`` gives it."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
+
+
+def _describe(e: BaseException) -> str:
+    """An exception as a message of the client's names it: ``"FormatError: text"``, or
+    ``"FormatError (with no message)"`` where its text is empty (never a bare
+    ``"FormatError: "``)."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - an object's __str__ that raises: said so
+        text = "(its str() failed)"
+    return "%s: %s" % (type(e).__name__, text) if text else \
+        "%s (with no message)" % type(e).__name__
+
+
 def error_from(err: Mapping[str, Any]) -> Error:
-    """The exception for an error map ``{code, name, message}`` of the protocol."""
+    """The exception for an error map ``{code, name, message}`` of the protocol: the
+    class of its integer ``code`` (whose own name it has, whatever ``name`` says); with
+    no integer code, the class its ``name`` says, else InternalError; a code outside the
+    table is a plain Error keeping that code and its ``name`` (``"EUNKNOWN"``, as
+    libdspkclient's dspk_err_name() says, where it sent none or one of another code).
+    Text sent as msgpack bin, or not valid UTF-8, decodes with U+FFFD in place of what
+    is bad."""
     code = err.get("code")
-    name = err.get("name")
-    message = err.get("message") or ""
+    name = _wire_text(err.get("name"))
+    message = _wire_text(err.get("message"))
     if isinstance(code, bool) or not isinstance(code, int):
         # No code (or not an integer): the class its name says, else EINTERNAL.
-        code = _BY_NAME[name].code if isinstance(name, str) and name in _BY_NAME else -24
-    cls = _BY_CODE.get(code, Error)
-    if not isinstance(name, str) or not name:
-        name = cls.name if cls is not Error else "E%d" % -code
-    return cls(str(message), code=code, name=name)
+        return _BY_NAME.get(name, _BY_CODE[-24])(message)
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message)  # its name is its code's: the name sent cannot contradict it
+    if not name or name in _BY_NAME:  # none, or the name of another code
+        name = "EUNKNOWN"
+    return Error(message, code=code, name=name)

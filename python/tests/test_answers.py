@@ -60,6 +60,9 @@ class Fake:
                         "data": m[3][0]["data"] if m[3] else b""}])
                 else:
                     out = msgpack.packb([1, m[1], None, {}])
+                if out is None:  # the daemon closes the connection instead
+                    self.conn.shutdown(socket.SHUT_RDWR)
+                    return
                 try:
                     self.conn.sendall(out)
                 except OSError:
@@ -111,8 +114,35 @@ def fake(tmp_path):
         "no-limits", "no-client_id", "daemon-int", "nil", "array"])
 def test_a_malformed_hello_answer_is_a_protocol_error(fake, result):
     f = fake({"hello": answer(result)})
-    with pytest.raises(dspk.ProtocolError, match=r"hello \(request 1\): a malformed answer"):
+    # python.md: "after `connect() to dspkd at PATH: ` as `connect()` raises it"
+    with pytest.raises(dspk.ProtocolError) as ei:
         dspk.connect(f.path, timeout=TIMEOUT)
+    assert ei.value.message.startswith(
+        "connect() to dspkd at %s: hello (request 1): a malformed answer" % f.path), \
+        ei.value.message
+
+
+@pytest.mark.parametrize("hello, cls, rest", [
+    (answer(error={"code": -13, "name": "EPERM", "message": "user 0 is not admitted"}),
+     dspk.PermissionDenied, "user 0 is not admitted"),
+    (answer(error={"code": -4, "name": "ELIMIT", "message": "more than 9 connections"}),
+     dspk.LimitExceeded, "more than 9 connections"),
+    (lambda msgid: b"\xc1", dspk.Closed, "undecodable data from the daemon"),
+    (lambda msgid: None, dspk.Closed, "the daemon closed the connection"),
+], ids=["refused-EPERM", "refused-ELIMIT", "undecodable", "closed"])
+def test_every_error_of_hello_names_the_socket(fake, hello, cls, rest):
+    """python.md "Connecting": an error of connect()'s hello (a malformed answer, the
+    daemon's refusal; a connection closed or undecodable ends the hello the same way)
+    starts with `connect() to dspkd at PATH: ` where its message does not name the
+    socket already.  These errors reach connect() through the future of hello, raised
+    by concurrent.futures' code: they were taken for a signal handler's and passed
+    without the prefix (probe 18 C1)."""
+    f = fake({"hello": hello})
+    with pytest.raises(cls) as ei:
+        dspk.connect(f.path, timeout=TIMEOUT)
+    assert ei.value.message.startswith("connect() to dspkd at %s: %s" % (f.path, rest)), \
+        ei.value.message
+    assert str(ei.value).startswith(ei.value.name + ": connect() to dspkd at ")
 
 
 @pytest.mark.parametrize("method, result, call", [
@@ -388,6 +418,56 @@ def test_every_error_code_raises_its_class(fake):
     assert isinstance(dspk.error_from({"code": -2, "name": "ENOMEM"}), MemoryError)
     assert type(dspk.error_from({"code": -99, "name": "EWHAT"})) is dspk.Error
     assert type(dspk.error_from({"name": "EWHAT"})) is dspk.InternalError
+
+
+@pytest.mark.parametrize("err, cls, code, name, message", [
+    # a code of the table: its class and its own name, whatever name came with it
+    ({"code": -3, "name": "EINVAL", "message": "m"}, "ProtocolError", -3, "EPROTO", "m"),
+    ({"code": -13, "name": b"EPERM", "message": b"bin msg"}, "PermissionDenied", -13,
+     "EPERM", "bin msg"),
+    ({"code": -1, "message": b"bad \xff utf-8"}, "InvalidArgument", -1, "EINVAL",
+     "bad \ufffd utf-8"),
+    ({"code": -8, "name": 7, "message": 7}, "ShapeError", -8, "ESHAPE", "7"),
+    # a code outside the table: a plain Error keeping code and name, "EUNKNOWN"
+    # (libdspkclient's dspk_err_name) where none came or one of another code did
+    ({"code": 5}, "Error", 5, "EUNKNOWN", ""),
+    ({"code": -99, "name": "EINVAL", "message": "x"}, "Error", -99, "EUNKNOWN", "x"),
+    ({"code": -99, "name": b"EWHAT", "message": "x"}, "Error", -99, "EWHAT", "x"),
+    # no integer code: by its name (bin too), else InternalError with its own name
+    ({"name": b"ENOMEM", "message": b"m"}, "OutOfMemory", -2, "ENOMEM", "m"),
+    ({"name": b"\xff\xfe", "message": "m"}, "InternalError", -24, "EINTERNAL", "m"),
+    ({"name": "", "message": None}, "InternalError", -24, "EINTERNAL", ""),
+], ids=["code-vs-name", "bin-name-message", "bad-utf8", "non-text", "unknown-no-name",
+        "unknown-table-name", "unknown-bin-name", "bin-name-only", "bad-utf8-name",
+        "empty"])
+def test_an_error_map_maps_to_consistent_code_and_name(fake, err, cls, code, name, message):
+    """python.md "Errors": the class, code and .name always agree (a name is never
+    invented, "E-5", nor kept against its code, ProtocolError "EINVAL"), and text sent as
+    msgpack bin or not valid UTF-8 decodes with U+FFFD, never as a bytes repr "b'...'"
+    (probe 18 C4).  Checked through a fake daemon's answer and error_from alike."""
+    def check(e):
+        assert type(e) is getattr(dspk, cls), e
+        assert (e.code, e.name, e.message) == (code, name, message)
+        assert str(e) == ("%s: %s" % (name, message) if message else name)
+    check(dspk.error_from(err))
+    f = fake({"status": lambda msgid: msgpack.packb([1, msgid, err, None], use_bin_type=True)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.Error) as ei:
+            c.status()
+        check(ei.value)
+        assert not c.closed
+
+
+def test_undecodable_bytes_say_so_with_an_empty_reason(fake):
+    """msgpack's FormatError for a reserved byte has no text: the message says that,
+    never a bare "(FormatError: )" (probe 18 C4)."""
+    f = fake({"status": lambda msgid: b"\xc1"})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.Closed) as ei:
+            c.status()
+        assert "undecodable data from the daemon (FormatError (with no message))" \
+            in ei.value.message, ei.value.message
+        assert ": )" not in ei.value.message
 
 
 @pytest.mark.parametrize("where", ["this thread", "another thread"])

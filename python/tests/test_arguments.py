@@ -1086,6 +1086,32 @@ def test_to_bfloat16_of_a_mixed_list_rounds_each_element_once():
         got = dspk.to_bfloat16(x).view("<u2").tolist()
         assert got[at] == 0x8000 and got[1 - at] != 0x8000, (x, got)
 
+
+def test_to_bfloat16_of_a_list_holding_0d_arrays():
+    """numpy.asarray takes a 0-d array in a list as its value ([np.array(1.0), 2.0] is
+    [1., 2.], and an op takes it so); to_bfloat16 refused it, "dtype object holding a
+    ndarray" (probe 18 C3).  Each converts from its exact value, under a scalar's rules
+    (a 0-d bool among numbers, a complex, are refused as the scalars are)."""
+    from fractions import Fraction
+    n = 2 ** 62 + 2 ** 54 + 1
+    for x, exact in (([np.array(1.0), 2.0], [1, 2]),
+                     ([np.array(1.0, np.float32)], [1]),
+                     ([np.array(n), 1.0], [n, 1]),               # int64, exactly
+                     ([np.array(np.longdouble(1) / 3), np.float16(0.5)],
+                      [Fraction(*(np.longdouble(1) / 3).as_integer_ratio()),
+                       Fraction(1, 2)]),
+                     ([[np.array(0.25), 3], [np.array(-0.5), np.array(2 ** 70, object)]],
+                      [Fraction(1, 4), 3, Fraction(-1, 2), 2 ** 70])):
+        got = dspk.to_bfloat16(x)
+        assert got.shape == np.asarray(x).shape
+        assert got.view("<u2").reshape(-1).tolist() == \
+            [_bf16_of_fraction(Fraction(v)) for v in exact], (x, got)
+    assert dspk.to_bfloat16([1.0, np.array(-0.0)]).view("<u2").tolist()[1] == 0x8000
+    with pytest.raises(dspk.DtypeError, match="holding a bool"):
+        dspk.to_bfloat16([np.array(True), 1.5])
+    with pytest.raises(dspk.DtypeError):
+        dspk.to_bfloat16([np.array(1j), 1.5])
+
 # ---- $DSPK_SHARED_THRESHOLD: sizes exactly as proto/units.c reads them ---------------
 
 def _units_table():

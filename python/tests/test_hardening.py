@@ -418,7 +418,8 @@ def test_refused_by_max_user_clients_is_elimit_with_the_reason():
         with dspk.connect(d.socket, timeout=TIMEOUT) as held, admin_extra(d):
             for _ in range(50):
                 with pytest.raises(dspk.LimitExceeded,
-                                   match=r"^ELIMIT: this user has \d+ connections "
+                                   match=r"^ELIMIT: connect\(\) to dspkd at [^:]+: "
+                                         r"this user has \d+ connections "
                                          r"already \(max_user_clients 1 and 8 more for "
                                          r"admins\)$"):
                     dspk.connect(d.socket, timeout=TIMEOUT)
@@ -450,7 +451,8 @@ def test_refused_by_allow_users_is_eperm_with_the_reason(tmp_path):
 
         from conftest import dspk_daemon
         got = dspk_daemon.run_as(65534, 65534, refusals)
-        want = "PermissionDenied EPERM: permission denied: uid 65534 may not connect (root, " \
+        want = "PermissionDenied EPERM: connect() to dspkd at %s: " \
+               "permission denied: uid 65534 may not connect (root, " % sock + \
                "the daemon's own user (uid %d), allow_users and allow_groups in the [policy] " \
                "of dspkd.conf)" % os.geteuid()
         assert got == [want] * 50

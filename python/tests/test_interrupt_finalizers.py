@@ -130,7 +130,7 @@ def test_a_future_completes_after_any_interrupted_wait(how):
             assert how in ("wait", "as_completed")
         finally:
             sys.setprofile(None)
-        done = threading.Thread(target=f.set_result, args=(n,), daemon=True)
+        done = threading.Thread(target=f._finish, args=(n, None), daemon=True)
         done.start()
         done.join(TIMEOUT)
         assert not done.is_alive(), ("set_result() blocked", n)

@@ -577,7 +577,7 @@ def test_a_future_lock_held_by_a_running_block_is_not_replaced():
     from dspk import _client
     fut = _client.TaskFuture()
     hold = threading.Event()
-    setter = threading.Thread(target=fut.set_result, args=(1,))
+    setter = threading.Thread(target=fut._finish, args=(1, None))
     seen = {}
     # A block of concurrent.futures' own (its file), held past _FUTURE_LOCK_STALE.
     block = compile("with fut._condition:\n"
@@ -1016,13 +1016,13 @@ def test_an_interrupted_start_of_the_callbacks_thread_leaves_no_thread_behind(cl
         prof, seen = _interrupt_in_files(n, {CLIENT_FILE, threading.__file__})
         sys.setprofile(prof)
         try:
-            f.set_result(4)
+            f._finish(4, None)  # the client's settle (set_result is refused to users)
         except _Injected:
             hit += 1
         finally:
             sys.setprofile(None)
         try:
-            f.set_result(4)  # settled once more: the callbacks not run yet run
+            f._finish(4, None)  # settled once more: the callbacks not run yet run
         except concurrent.futures.InvalidStateError:
             pass
         assert ran.wait(TIMEOUT), (n, seen[1:])

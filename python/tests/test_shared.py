@@ -688,6 +688,41 @@ def test_idle_temporaries_are_bounded_and_yield_to_allocations():
         d.stop()
 
 
+@pytest.mark.parametrize("how", ["submit-map", "submit-reduce", "sync-no-temporary"])
+def test_idle_temporaries_never_fail_a_task_the_quota_takes_without_them(how):
+    """Under a 64 MiB max_user_memory, a task on 20 MiB operands (60 MiB inline with its
+    result) runs on a fresh connection; after a small op left 8 MiB of idle shared
+    temporaries, submit() of it was refused ELIMIT for the client's own cache (the
+    synchronous call freed the cache and sent it again, but only where its task took
+    temporaries itself).  Now submit() frees the idle temporaries before its task goes
+    when the two together pass the quota, and a synchronous call refused ELIMIT while
+    the connection holds idle temporaries frees them and is sent once more (python.md,
+    the automatic shared-memory path; probe 18 C2)."""
+    from conftest import Daemon
+    d = Daemon(["--max-user-memory", "64M"])
+    mine = lambda c: [x for x in c.status()["clients"] if x["self"]][0]  # noqa: E731
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            y = np.arange(1 << 20, dtype=np.float32)                # 4 MiB
+            np.testing.assert_array_equal(c.map("add", y, y), y + y)
+            assert mine(c)["buffers"] == 2 and mine(c)["buffer_bytes"] == 8 << 20
+            x = np.arange(5 << 20, dtype=np.float32)                # 20 MiB
+            if how == "submit-map":
+                got = c.submit("map", "add", x, x).result(TIMEOUT)
+                np.testing.assert_array_equal(got, x + x)
+            elif how == "submit-reduce":
+                z = np.ones(15 << 20, np.float32)                   # 60 MiB, inline
+                assert c.submit("reduce", z).result(TIMEOUT) == z.size
+            else:
+                c.shared_threshold = 1 << 30  # the task takes no temporary of its own
+                np.testing.assert_array_equal(c.map("add", x, x), x + x)
+            assert mine(c)["buffers"] == 0
+            # The cache fills again afterwards, as before.
+            np.testing.assert_array_equal(c.map("add", y, y, device="cpu:0"), y + y)
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("case", ["result-temporary-refused", "task-refused"])
 def test_the_fallback_is_not_failed_by_the_ops_own_temporaries(case):
     """Near a quota the shared path failed an op that the socket's path runs: the
@@ -944,3 +979,24 @@ def test_a_pinned_operand_on_another_device_is_named(tmp_path):
             assert c.ping() > 0
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("bad", [np.ones(4, np.float32), [0.0] * 4, np.float32(1.0),
+                                 (1, 2, 3, 4), "out", 5, bytearray(16)],
+                         ids=["ndarray", "list", "numpy-scalar", "tuple", "str", "int",
+                              "bytearray"])
+@pytest.mark.parametrize("how", ["call", "submit"])
+def test_one_out_refusal_for_every_wrong_type(client, bad, how):
+    """out= of a type that takes no result: one message for every type, naming every
+    type accepted (a list or a numpy scalar said "must be a DeviceArray of this
+    connection", as if a shared array were not taken; probe 18 C5)."""
+    x = np.ones(4, np.float32)
+    with pytest.raises(dspk.InvalidArgument) as ei:
+        if how == "call":
+            client.map("scale", x, alpha=2.0, out=bad)
+        else:
+            client.submit("map", "scale", x, alpha=2.0, out=bad)
+    assert ei.value.message.startswith(
+        "out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
+        "C-contiguous slice of one) of this connection, got "), ei.value.message
+    client.ping()
