@@ -364,9 +364,7 @@ static int64_t good_size(int64_t n) {
     /* The filter's spectrum, scaled by 1/L for the unnormalised inverse   \
      * (and by 2^eh, see DSPK__CPU_SCALE_EXP). */                              \
     memset(buf, 0, bb);                                                        \
-    memcpy(buf, h, sizeof(R) * W * k);                                         \
-    for (int64_t i = 0; eh && i < W * k; i++)                                  \
-      buf[i] = DSPK__CPU_SCALE2(DBL, R, buf[i], eh);                           \
+    memcpy(buf, hd, sizeof(R) * W * k); /* the taps times 2^eh */             \
     dspk__cpu_fft_exec(fk, DBL, pf, buf, hs);                                  \
     for (int64_t i = 0; i < 2 * nh; i++)                                       \
       hs[i] *= (R)(1.0 / (double)L);                                           \
@@ -420,7 +418,7 @@ static int64_t good_size(int64_t n) {
             rc = DSPK_ECANCELED;                                               \
             goto out;                                                          \
           }                                                                    \
-          DIRECT(xr, hd, eh, yr, lo,                                \
+          DIRECT(xr, hd, eh, yr, lo,                                           \
                  s0 + len - lo < per ? s0 + len : lo + per, k, tmp);           \
         }                                                                      \
         /* The outputs reached by the two blocks' absolute error:           \
@@ -442,7 +440,7 @@ static int64_t good_size(int64_t n) {
                  fabs((double)yr[j * W]) +                                     \
                          (W == 2 ? fabs((double)yr[j * W + W - 1]) : 0.0) < thr) \
             j++;                                                               \
-          DIRECT(xr, hd, eh, yr, i, j, k, tmp);                     \
+          DIRECT(xr, hd, eh, yr, i, j, k, tmp);                                \
           done += j - i;                                                       \
           if (done >= per) {                                                   \
             done = 0;                                                          \

@@ -4774,9 +4774,10 @@ class Client:
             t.view = t.mm = None
             self._free_quietly(t.buffer)
 
-    def _drop_idle_temps(self) -> bool:
-        """Frees every idle temporary now, the buffer.free sent before this returns
-        (a refused allocation is then tried again); whether there was any."""
+    def _queue_idle_temps_free(self) -> bool:
+        """Takes every idle temporary out of the cache and queues its buffer.free
+        (_temp_free: sent with the next request, or by whoever flushes); whether there
+        was any.  Waits for nothing."""
         with self._temp_lock:
             drop = [t for t in self._temps if not t.busy]
             for t in drop:
@@ -4784,6 +4785,13 @@ class Client:
         if not drop:
             return False
         self._temp_free(drop)
+        return True
+
+    def _drop_idle_temps(self) -> bool:
+        """Frees every idle temporary now, the buffer.free sent before this returns
+        (a refused allocation is then tried again); whether there was any."""
+        if not self._queue_idle_temps_free():
+            return False
         if self._dead_shared and not self._forked():
             deadline = None if self.timeout is None else time.monotonic() + self.timeout
             sl, token = self._send_lock, object()
@@ -5262,13 +5270,8 @@ class Client:
             except Exception as e:  # noqa: BLE001 - checked before: no bound to add
                 if from_signal_handler(e):
                     raise
-        if need + idle <= quota:
-            return
-        with self._temp_lock:
-            drop = [t for t in self._temps if not t.busy]
-            for t in drop:
-                self._temps.remove(t)
-        self._temp_free(drop)
+        if need + idle > quota:
+            self._queue_idle_temps_free()
 
     def _temps_done(self, fut: concurrent.futures.Future, shm: _TempList) -> None:
         """The task of ``fut`` is answered: its temporaries are free for the next.  A

@@ -719,6 +719,25 @@ static void test_fir_fft(void **state) {
  * has them, component by component, and the others within the FFT's
  * tolerance of the largest finite output.  x and h hold rows*n and k values
  * (interleaved for complex). */
+/* fir of one row x (n samples) through k taps h (values as doubles, W per
+ * element), on the path force (0 direct, 1 FFT); the output as doubles
+ * (get()).  The caller frees the op (free_op). */
+static double *fir_run(struct dspk__op *op, dspk_dtype dt, int64_t n, int64_t k,
+                       const double *x, const double *h, int force) {
+  memset(op, 0, sizeof *op);
+  op->kind = DSPK_OP_FIR;
+  op->nin = 2;
+  shape_set(&op->in[0], dt, 2, (int64_t[]){1, n});
+  shape_set(&op->in[1], dt, 1, (int64_t[]){k});
+  put_vals(&op->in[0], x);
+  put_vals(&op->in[1], h);
+  dev->fir_force = force;
+  int rc = run_op(op);
+  dev->fir_force = -1;
+  assert_int_equal(rc, 0);
+  return get(&op->out[0]);
+}
+
 static void fir_values_case(const char *what, dspk_dtype dt, int force, int64_t rows,
                             int64_t n, int64_t k, const double *xv, const double *hv) {
   struct dspk__op op;
@@ -839,18 +858,7 @@ static void test_fir_fft_range(void **state) {
     x[5000 * w] = roundto(dt, 1e20);
     x[12345 * w + w - 1] = roundto(dt, -1e20);
     struct dspk__op op;
-    memset(&op, 0, sizeof op);
-    op.kind = DSPK_OP_FIR;
-    op.nin = 2;
-    shape_set(&op.in[0], dt, 2, (int64_t[]){1, n});
-    shape_set(&op.in[1], dt, 1, (int64_t[]){k});
-    put_vals(&op.in[0], x);
-    put_vals(&op.in[1], h);
-    dev->fir_force = 1;
-    int rc = run_op(&op);
-    dev->fir_force = -1;
-    assert_int_equal(rc, 0);
-    double *got = get(&op.out[0]);
+    double *got = fir_run(&op, dt, n, k, x, h, 1);
     for (int64_t i = 0; i < n; i++) {
       long double re = 0, im = 0, a = 0;
       for (int64_t j = 0; j < k && j <= i; j++) {
@@ -932,18 +940,7 @@ static void test_fir_fft_subnormal(void **state) {
         hsum += fabs(h[i]);
       }
       struct dspk__op op;
-      memset(&op, 0, sizeof op);
-      op.kind = DSPK_OP_FIR;
-      op.nin = 2;
-      shape_set(&op.in[0], dt, 2, (int64_t[]){1, n});
-      shape_set(&op.in[1], dt, 1, (int64_t[]){k});
-      put_vals(&op.in[0], x);
-      put_vals(&op.in[1], h);
-      dev->fir_force = 1;
-      int rc = run_op(&op);
-      dev->fir_force = -1;
-      assert_int_equal(rc, 0);
-      double *got = get(&op.out[0]);
+      double *got = fir_run(&op, dt, n, k, x, h, 1);
       /* L: 4096 here (8K is 160), log2 12. */
       double tol = 4 * eps(dt) * 12 * xmax * hsum + 4 * unit;
       for (int64_t i = 0; i < n; i++) {
@@ -1020,18 +1017,7 @@ static void test_fir_subnormal_huge(void **state) {
             hsum += fabs(h[i]);
           }
           struct dspk__op op;
-          memset(&op, 0, sizeof op);
-          op.kind = DSPK_OP_FIR;
-          op.nin = 2;
-          shape_set(&op.in[0], dt, 2, (int64_t[]){1, n});
-          shape_set(&op.in[1], dt, 1, (int64_t[]){k});
-          put_vals(&op.in[0], x);
-          put_vals(&op.in[1], h);
-          dev->fir_force = path;
-          int rc = run_op(&op);
-          dev->fir_force = -1;
-          assert_int_equal(rc, 0);
-          double *got = get(&op.out[0]);
+          double *got = fir_run(&op, dt, n, k, x, h, path);
           double tol = 4 * eps(dt) * 13 * xmax * hsum + 4 * unit;
           for (int64_t i = 0; i < n; i++) {
             long double re, im;
