@@ -10,7 +10,7 @@
 #   scripts/gpu-all.sh [BUILD_DIR] [OUTDIR] [STEP...]
 #
 # With STEP names (test_cuda_gpu gpu_smoke gpu_jobs conformance shm_gpu test_vulkan
-# test_coopmat gpu_suite staging bench_vulkan bench_fft vkexit) only those
+# test_coopmat validation gpu_suite staging bench_vulkan bench_fft vkexit) only those
 # run: a machine that limits one command to 10 minutes takes the whole set in
 # two or three calls.
 B=${1:-build}
@@ -21,6 +21,13 @@ want() { [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $1 "* ]]; }
 if [ -f .device/unpack-debs.sh ]; then
   . .device/unpack-debs.sh .device/debs
   export PYTHONPATH=/opt/debdeps/usr/lib/python3/dist-packages
+fi
+# The Khronos validation layer for the validation step, where its Debian
+# package was staged beside the others (.device/vvl): unpacked the same way.
+if ls .device/vvl/*.deb > /dev/null 2>&1; then
+  for f in .device/vvl/*.deb; do dpkg -x "$f" /opt/debdeps; done
+  export VK_LAYER_PATH=/opt/debdeps/usr/share/vulkan/explicit_layer.d
+  export LD_LIBRARY_PATH=/opt/debdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 # The kernel workers of a build tree copied elsewhere (the GPU machine gets
 # a copy): the path compiled into the backends is the build machine's.
@@ -51,10 +58,12 @@ step gpu_jobs 120 python3 tests/cluster/gpu_jobs.py --dspkd "$B/daemon/dspkd"
 step conformance 180 env DSPK_TEST_BACKENDS=cpu,vulkan,cuda python3 tests/proto/conformance.py \
   --dspkd "$B/daemon/dspkd" gemm_blas degenerate nan_extremes half_close cancel_done fft_nonfinite fft_large_rows \
   fir_rows fir_blocks contract_one_operand_labels contract_nonfinite_sums contract_subnormal_sums \
-  contract_one_product sums_and_infinities vulkan_max_tensor gemm_running_overflow
+  contract_one_product sums_and_infinities vulkan_max_tensor gemm_running_overflow fir_subnormal
 step shm_gpu 180 python3 tests/daemon/shm_gpu.py --dspkd "$B/daemon/dspkd"
 step test_vulkan 300 "$B/tests/vulkan/test_vulkan"
 step test_coopmat 120 "$B/tests/vulkan/test_coopmat"
+# dspkd's Vulkan calls under the Khronos validation layer (exit 77: no layer).
+step validation 300 python3 tests/vulkan/validation.py --dspkd "$B/daemon/dspkd"
 step gpu_suite 420 scripts/gpu-suite.sh "$B" "$L/cuda" bench
 step staging 60 "$B/bench/cuda_staging/bench_cuda_staging"
 step bench_vulkan 150 "$B/bench/vulkan/bench_vulkan"
