@@ -174,6 +174,22 @@ struct mpin {
   struct mpin *next;      /* in the device's retired list (runner) */
 };
 
+/* Answers of this many bytes or more are sent from the device's host block
+ * itself where the backend has one (host_ptr), without a copy; smaller ones
+ * are copied: a copy that small costs less than keeping the block. */
+#define DSPKD_SEND_IN_PLACE_MIN ((size_t)64 << 10)
+
+/* The hold of a buffer.read answer sent from its buffer's block (the
+ * frame's release, daemon/task.c unpin_read): pin counts the answer as
+ * sending (runner); b and c, set by the loop when the answer is queued,
+ * are references to the buffer (one of its reads, dbuf.reads) and to its
+ * connection, given back when the answer is written or dropped. */
+struct rdpin {
+  struct mpin *pin;
+  struct dbuf *b;
+  struct conn *c;
+};
+
 /* A daemon-side buffer: device memory owned by one connection. */
 struct dbuf {
   uint64_t id;
@@ -209,6 +225,18 @@ struct dbuf {
    * last job lets go (dspkd_dbuf_unref). */
   struct conn *held_by;
   struct dbuf *held_prev, *held_next;
+  /* Loop only: its buffer.read jobs in flight that may answer from its
+   * block (64 KiB or more, not shared memory) and such answers not written
+   * yet (daemon/task.c, exec_read).  A write meanwhile moves the buffer to
+   * a new block while the answers keep the old one: a job that writes it
+   * while reads > 0 counts a second block in the memory quotas
+   * (job->move_mem), kept after it as `moved` bytes charged to moved_c
+   * (and its user and Slurm job, moved_job) until reads is 0 again
+   * (daemon/quota.c, dspkd_quota_reads_done). */
+  int reads;
+  uint64_t moved;
+  struct conn *moved_c;
+  struct djob *moved_job;
 };
 
 /* One connection's FIFO of jobs for one device (daemon/sched.c). */
@@ -249,6 +277,11 @@ struct job {
   const void *data;
   bool landed;               /* buffer.write: the data is in the buffer already
                                 (received in place, daemon/conn.c) */
+  bool reading;              /* buffer.read counted in buf->reads (loop) */
+  uint64_t move_mem;         /* a second block for each buffer it writes whose
+                                reads were > 0 when it came (dbuf.reads) */
+  struct rdpin *rdpin;       /* buffer.read answered from the buffer's block:
+                                its answer's hold (runner sets, loop takes) */
 
   /* result: the encoded response frame (runner), or NULL */
   struct wreq *resp;
@@ -741,6 +774,14 @@ void dspkd_user_gc(struct dspkd *d, struct duser *u);
 /* Charges a buffer of the connection's table to it and its user (sign 1),
  * or gives it back (-1). */
 void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);
+/* A second block for each buffer job j writes while answers may still be
+ * sent from its block (dbuf.reads): its move_mem, set before the quota
+ * check; dspkd_quota_keep_moved, once j is done, keeps that charge for the
+ * buffers whose reads are still > 0; dspkd_quota_reads_done counts one read
+ * of b done and drops b's kept charge at the last. */
+void dspkd_quota_move_mem(struct job *j);
+void dspkd_quota_keep_moved(struct job *j);
+void dspkd_quota_reads_done(struct dbuf *b);
 /* Checks a new job against the memory quotas of its connection and user:
  * 0, or DSPK_ELIMIT with msg set.  dspkd_sched_submit charges it. */
 int dspkd_quota_check(const struct job *j, char *msg, size_t len);

@@ -664,6 +664,12 @@ static int m_buffer_write(struct req *r) {
   j->off = off;
   j->size = len;
   j->data = data;
+  /* A second block while answers may be sent from the buffer's block. */
+  dspkd_quota_move_mem(j);
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
+    dspkd_job_free(r->c->d, j);
+    return err;
+  }
   r->chunk->refs++;
   j->chunk = r->chunk;
   dspkd_sched_submit(j);
@@ -756,6 +762,11 @@ static int m_buffer_read(struct req *r) {
   j->refs[j->nrefs++] = b;
   j->off = off;
   j->size = size;
+  /* May be answered from the buffer's block (daemon/task.c, exec_read). */
+  if (!b->has_file && b->dev->be->host_ptr && size >= DSPKD_SEND_IN_PLACE_MIN) {
+    j->reading = true;
+    b->reads++;
+  }
   dspkd_sched_submit(j);
   return 0;
 }
@@ -1170,6 +1181,7 @@ static int m_task_run(struct req *r) {
                                     sizeof r->msg)) < 0)
     goto fail;
   j->dev = dev;
+  dspkd_quota_move_mem(j);
   if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0)
     goto fail;
   r->chunk->refs++; /* inline inputs and kernel source point into the frame */

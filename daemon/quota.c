@@ -97,10 +97,12 @@ uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev) {
 /* Device memory a job may take on its device: a new buffer, or a task's
  * inline operands and results (temporaries on the device). */
 static uint64_t job_mem(const struct job *j) {
-  uint64_t n = 0;
+  uint64_t n = j->move_mem;
   switch (j->kind) {
   case JOB_BUF_CREATE:
     return j->buf->size;
+  case JOB_BUF_WRITE:
+    return n;
   case JOB_TASK:
     for (int i = 0; i < j->op.nin; i++)
       if (!j->in_buf[i])
@@ -192,6 +194,12 @@ static void task_need_words(const struct job *j, char *out, size_t len) {
             parts == 0 ? "" : seen == nalias ? " and " : ", ", i, k, same, ob->id);
     parts++;
   }
+  if (j->move_mem) { /* last: its own clause closes with a comma */
+    n = cat(out, len, n, "%sa second block for the buffers it writes while a buffer.read "
+            "answer may still be sent from their memory,", parts ? " and " : "");
+    cat(out, len, n, "%s", parts ? " need" : " needs");
+    return;
+  }
   /* The last part ends with its "which" clause when it is a result
    * computed apart: a comma closes it. */
   cat(out, len, n, "%s", nalias == 0 ? " need" : parts == 1 ? ", needs" : ", need");
@@ -202,6 +210,9 @@ static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint6
   char what[512];
   if (j->kind == JOB_BUF_CREATE)
     snprintf(what, sizeof what, "the buffer needs");
+  else if (j->kind == JOB_BUF_WRITE)
+    snprintf(what, sizeof what, "writing buffer %" PRIu64 " while a buffer.read answer may "
+             "still be sent from its memory needs a second block:", j->buf->id);
   else
     task_need_words(j, what, sizeof what);
   snprintf(msg, len, "%s %" PRIu64 " byte%s of %s, and %s already holds %" PRIu64
@@ -318,4 +329,85 @@ void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign) {
       b->qjob->mem[b->dev->idx] -= b->size;
     b->qjob = NULL;
   }
+}
+
+/* The buffers job j writes (a kernel's inputs too), each once, into w[];
+ * their count. */
+static int written_bufs(const struct job *j, struct dbuf **w) {
+  int n = 0;
+  if (j->kind == JOB_BUF_WRITE) {
+    w[n++] = j->buf;
+    return n;
+  }
+  if (j->kind != JOB_TASK)
+    return 0;
+  for (int i = 0; i < j->op.nout + (j->op.kind == DSPK_OP_KERNEL ? j->op.nin : 0); i++) {
+    struct dbuf *b = i < j->op.nout ? j->out_buf[i] : j->in_buf[i - j->op.nout];
+    bool seen = false;
+    for (int k = 0; k < n && !seen; k++)
+      seen = w[k] == b;
+    if (b && !seen)
+      w[n++] = b;
+  }
+  return n;
+}
+
+void dspkd_quota_move_mem(struct job *j) {
+  struct dbuf *w[DSPK__OP_MAX_IN + DSPK__OP_MAX_OUT + 1];
+  int n = written_bufs(j, w);
+  j->move_mem = 0;
+  for (int i = 0; i < n; i++)
+    if (w[i]->reads > 0)
+      j->move_mem += w[i]->size;
+}
+
+/* Adds bytes (sign > 0) to, or takes them from, what connection c, its
+ * user and Slurm job qjob hold on device idx. */
+static void quota_bytes(struct conn *c, struct djob *qjob, int idx, uint64_t bytes, int sign) {
+  if (!c->user || !c->mem)
+    return;
+  if (sign > 0) {
+    c->mem[idx] += bytes;
+    c->user->mem[idx] += bytes;
+    if (qjob)
+      qjob->mem[idx] += bytes;
+  } else {
+    c->mem[idx] -= bytes;
+    c->user->mem[idx] -= bytes;
+    if (qjob)
+      qjob->mem[idx] -= bytes;
+  }
+}
+
+void dspkd_quota_keep_moved(struct job *j) {
+  struct dbuf *w[DSPK__OP_MAX_IN + DSPK__OP_MAX_OUT + 1];
+  struct conn *c = j->conn;
+  int n;
+  if (!j->move_mem || !c)
+    return;
+  n = written_bufs(j, w);
+  for (int i = 0; i < n; i++) {
+    struct dbuf *b = w[i];
+    if (b->reads == 0) /* its answers are out: any old block is freed */
+      continue;
+    if (!b->moved_c) {
+      b->moved_c = c;
+      b->moved_job = c->job;
+      dspkd_conn_ref(c);
+    }
+    b->moved += b->size;
+    quota_bytes(b->moved_c, b->moved_job, b->dev->idx, b->size, +1);
+  }
+  j->move_mem = 0;
+}
+
+void dspkd_quota_reads_done(struct dbuf *b) {
+  struct conn *c = b->moved_c;
+  if (--b->reads > 0 || !c)
+    return;
+  quota_bytes(c, b->moved_job, b->dev->idx, b->moved, -1);
+  b->moved = 0;
+  b->moved_c = NULL;
+  b->moved_job = NULL;
+  dspkd_conn_unref(c);
 }

@@ -32,15 +32,31 @@ static void release_host(void *p) { free(p); }
  * except unpin, the frame's release, which the loop runs once the bytes are
  * written or dropped. */
 
-/* Results smaller than this are copied: a copy that small costs less than
- * keeping the block. */
-#define SEND_IN_PLACE_MIN ((size_t)64 << 10)
+#define SEND_IN_PLACE_MIN DSPKD_SEND_IN_PLACE_MIN
 
 static void unpin(void *ud) {
   struct mpin *p = ud;
   struct device *dev = p->dev; /* read first: once idle, p may be freed */
   if (atomic_fetch_sub_explicit(&p->sending, 1, memory_order_acq_rel) == 1)
     dspkd_sched_sweep(dev); /* a retired block is freed without a next job */
+}
+
+/* The release of a buffer.read answer sent from its buffer's block: the
+ * block's count, and once the loop queued the answer (rp->b set), its
+ * buffer's read and reference (struct rdpin).  Without b (the runner
+ * replaced the answer, or the loop dropped it before queuing) the job
+ * still counts the read. */
+static void unpin_read(void *ud) {
+  struct rdpin *rp = ud;
+  struct dbuf *b = rp->b;
+  struct conn *c = rp->c;
+  unpin(rp->pin);
+  free(rp);
+  if (b) {
+    dspkd_quota_reads_done(b);
+    dspkd_dbuf_unref(b->dev->d, b);
+    dspkd_conn_unref(c); /* last: b's release may touch its connection */
+  }
 }
 
 static bool pin_idle(struct mpin *p) {
@@ -168,6 +184,7 @@ static bool pin_buffer(struct dbuf *b) {
 /* Encodes an error response into j->resp and records the code. */
 static void fail(struct job *j, int code, const char *msg) {
   j->err = code;
+  j->rdpin = NULL; /* an answer sent from a buffer's block is replaced */
   if (j->kind == JOB_TASK && msg && *msg) {
     free(j->errmsg);
     j->errmsg = strdup(msg); /* for the loop's log line; NULL is fine */
@@ -278,24 +295,28 @@ answer:
 static void exec_read(struct device *dev, struct job *j) {
   struct dspk__pval v[1];
   struct wreq *wr;
-  /* Sent from the buffer's block only when the read is at least half of
-   * it: a block an answer keeps once the buffer is freed or written (moved
-   * to a new block) counts in no memory quota, only in max_unsent as the
-   * answer's bytes, so it may be at most twice those (probe 16 A#1: a small
-   * read of a large buffer kept all of it uncounted). */
-  const void *src = j->buf->host || j->size < j->buf->size - j->size
-                        ? NULL
-                        : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
+  /* Sent from the buffer's block itself, whatever part of it is read: the
+   * answer holds the buffer (struct rdpin), so that a freed buffer stays
+   * counted as its connection's until the answer is written, and a write
+   * meanwhile, which moves the buffer to a new block, counts that block in
+   * the memory quotas (dbuf.reads, daemon/quota.c).  Shared memory is
+   * copied (its client may write it meanwhile). */
+  const void *src = j->buf->host ? NULL
+                                 : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
   struct mpin *pin;
   void *host;
   int err;
-  if (src) { /* sent from the buffer's block itself (struct mpin) */
-    if (!(wr = result_head(j)) || !pin_buffer(j->buf)) {
+  if (src) {
+    struct rdpin *rp = calloc(1, sizeof(*rp));
+    if (!rp || !(wr = result_head(j)) || !pin_buffer(j->buf)) {
+      free(rp);
       fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
       return;
     }
-    v[DSPK__R_BREAD_DATA] = dspk__pv_bin(src, (size_t)j->size, unpin, j->buf->pin);
+    rp->pin = j->buf->pin;
+    v[DSPK__R_BREAD_DATA] = dspk__pv_bin(src, (size_t)j->size, unpin_read, rp);
     dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_READ], v);
+    j->rdpin = rp;
     return;
   }
   host = out_host(dev, (size_t)j->size, &pin);

@@ -4007,6 +4007,85 @@ def t_reuse(exe, tmp):
     d.stop()
 
 
+def t_readmove(exe, tmp):
+    """A buffer.read answer on cpu:0 is sent from the buffer's own memory,
+    whatever part of it is read.  A write into the buffer while such an
+    answer may still be unsent moves the buffer to a second block (the
+    answer keeps the bytes it read): the memory quotas count that block
+    until the answers are written, so a client that does not read cannot
+    hold blocks past its quota by reading a little and writing (before,
+    reads of less than half a buffer were copied, and the half rule kept
+    the blocks answers held to twice their bytes, counted nowhere)."""
+    M = 1 << 20
+    d = Daemon(exe, tmp, ["--max-user-memory", "100M", "--no-cache"])
+    a, b = d.client(), d.client()
+    x = np.arange(10 * M, dtype=np.uint32)            # 40 MiB
+    buf = a.call("buffer.create", {"device": "cpu:0", "size": 40 * M})["buffer"]
+    a.call("buffer.write", {"buffer": buf, "data": x.tobytes()})
+    # 32 MiB of answers, far more than the socket holds, not read yet.
+    reads = [a.send("buffer.read", {"buffer": buf, "offset": i * 16 * M, "size": 16 * M})
+             for i in range(2)]
+    w1 = a.send("buffer.write", {"buffer": buf, "offset": 0, "data": b"\xff" * 8})
+    deadline = time.monotonic() + TIMEOUT
+    while True:                                       # all five taken in and done
+        me = [c for c in b.call("status", {})["clients"] if not c["self"]][0]
+        if me["requests"] == 5 and me["inflight"] == 0:
+            break
+        check(time.monotonic() < deadline, "the reads and the write ran: %r" % me)
+        time.sleep(0.01)
+    # The user holds the buffer and the block the answers are sent from.
+    e = b.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 30 * M})
+    check("this user already holds %d of" % (80 * M) in e.err["message"],
+          "the moved block counts for its user: %s" % e.err)
+    # A second write while they are unsent needs a third block: refused.
+    w2 = a.send("buffer.write", {"buffer": buf, "offset": 8, "data": b"\xee" * 8})
+    want = x.tobytes()
+    for i, r in enumerate(reads):
+        check(a.wait(r)["data"] == want[i * 16 * M:(i + 1) * 16 * M],
+              "read %d kept the bytes it read" % i)
+    a.wait(w1)
+    try:
+        a.wait(w2)
+        raise AssertionError("a write needing a third block past the quota was taken")
+    except RpcError as e:
+        check(e.name == "ELIMIT", "third block: %s" % e.name)
+        check(e.err["message"].startswith(
+            "writing buffer %d while a buffer.read answer may still be sent from its memory "
+            "needs a second block: %d bytes of cpu:0, and this connection already holds"
+            % (buf, 40 * M)) or e.err["message"].startswith(
+            "writing buffer %d while a buffer.read answer may still be sent from its memory "
+            "needs a second block: %d bytes of cpu:0, and this user already holds %d of"
+            % (buf, 40 * M, 80 * M)), "the refusal says why: %s" % e.err)
+    # The answers are out: the moved block is given back, and writes need none.
+    a.call("buffer.write", {"buffer": buf, "offset": 8, "data": b"\xee" * 8})
+    b2 = b.call("buffer.create", {"device": "cpu:0", "size": 55 * M})["buffer"]
+    got = a.call("buffer.read", {"buffer": buf, "size": 1 << 20})["data"]
+    check(got == b"\xff" * 8 + b"\xee" * 8 + want[16:1 << 20], "the writes landed")
+    # A buffer freed while an answer is sent from it stays counted as its
+    # connection's until the answer is written.
+    b.call("buffer.free", {"buffer": b2})
+    r = a.send("buffer.read", {"buffer": buf, "offset": 8 * M, "size": 32 * M})
+    f = a.send("buffer.free", {"buffer": buf})
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        me = [c for c in b.call("status", {})["clients"] if not c["self"]][0]
+        if me["requests"] == 10 and me["inflight"] == 0:
+            break
+        check(time.monotonic() < deadline, "the read and the free were taken in: %r" % me)
+        time.sleep(0.01)
+    check((me["buffers"], me["buffer_bytes"]) == (1, 40 * M),
+          "a freed buffer an unsent answer is sent from is held: %r" % me)
+    e = b.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 70 * M})
+    check("this user already holds %d of" % (40 * M) in e.err["message"],
+          "the held buffer counts for its user: %s" % e.err)
+    check(a.wait(r)["data"] == want[8 * M:40 * M], "the freed buffer's answer kept its bytes")
+    a.wait(f)
+    b.call("buffer.create", {"device": "cpu:0", "size": 90 * M})
+    a.close()
+    b.close()
+    d.stop()
+
+
 def t_sendfrom(exe, tmp):
     """buffer.read answers and large inline results on cpu:0 are sent from the
     daemon's memory itself, no copy (docs/architecture.md).  A read whose answer
@@ -4050,10 +4129,18 @@ def t_sendfrom(exe, tmp):
     w2 = c.send("buffer.write", {"buffer": b, "data": bytes(size)})
     f1 = c.send("buffer.free", {"buffer": b})
     settle(base + 6)                    # the reads, writes and the task (free is no job)
+
+    def other():
+        return [x for x in obs.call("status", {})["clients"] if not x["self"]][0]
     deadline = time.monotonic() + TIMEOUT
-    while any(x["buffers"] for x in obs.call("status", {})["clients"] if not x["self"]):
+    while other()["requests"] < 9:      # create, write and the seven above: all taken in
         check(time.monotonic() < deadline, "buffer.free handled")
         time.sleep(0.01)
+    # The freed buffer's block is still what r1 and r2 are sent from: it
+    # stays the connection's, counted, until they are written (it counted
+    # nowhere before: a client that did not read held memory past its quota).
+    check((other()["buffers"], other()["buffer_bytes"]) == (1, size),
+          "a freed buffer that unsent answers are sent from is held: %r" % other())
     # Another connection's buffer of the same size: the pool hands out freed blocks.
     b2 = obs.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
     obs.call("buffer.write", {"buffer": b2, "data": b"\xab" * size})
@@ -4064,6 +4151,10 @@ def t_sendfrom(exe, tmp):
     check(c.wait(r3)["data"] == y.tobytes()[:1 << 20], "a read after the write and the task")
     c.wait(w2)
     c.wait(f1)
+    deadline = time.monotonic() + TIMEOUT
+    while other()["buffers"]:           # its answers written: released
+        check(time.monotonic() < deadline, "the freed buffer released once its answers are out")
+        time.sleep(0.01)
     check(obs.call("buffer.read", {"buffer": b2, "offset": size - 8})["data"] == b"\xab" * 8,
           "the other buffer holds its bytes")
     obs.call("buffer.free", {"buffer": b2})
@@ -5590,6 +5681,7 @@ GROUPS = {
     "vkzeroed": t_vkzeroed,
     "reuse": t_reuse,
     "sendfrom": t_sendfrom,
+    "readmove": t_readmove,
     "reduceacc": t_reduceacc,
     "hip": t_hip,
     "basic": t_basic,
