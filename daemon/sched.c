@@ -135,6 +135,44 @@ static void log_task_failed(struct job *j, int code, const char *msg) {
                         j->op.kind == DSPK_OP_KERNEL, j->errmsg ? j->errmsg : msg);
 }
 
+/* The method of a client's buffer job, for its log line. */
+static const char *buf_method(const struct job *j) {
+  switch (j->kind) {
+  case JOB_BUF_CREATE:
+    return j->share_counted || j->buf->share_fd >= 0 ? "buffer.share"
+           : j->buf->has_file                         ? "buffer.import"
+                                                      : "buffer.create";
+  case JOB_BUF_WRITE:
+    return "buffer.write";
+  case JOB_BUF_READ:
+    return "buffer.read";
+  default:
+    return NULL;
+  }
+}
+
+/* The log line of a client's job that failed once it had reached its
+ * device (loop thread): a task's "task failed" line; a buffer request's as
+ * every method's failed request (daemon/conn.c), "client N: METHOD #ID:
+ * ECODE: message", at the one rule's level (daemon/log.c): it failed on the
+ * device or was canceled there, so never the client's mistake. */
+static void log_failed(struct job *j, int code, const char *msg) {
+  struct conn *c = j->conn;
+  const char *method = buf_method(j);
+  enum dspkd_level lv;
+  if (j->kind == JOB_TASK) {
+    log_task_failed(j, code, msg);
+    return;
+  }
+  if (!c || !method)
+    return;
+  lv = dspkd_log_fail_level(code, false);
+  if (dspkd_log_client_line_ok((long)c->uid, lv))
+    dspkd_log(lv, "client %llu: %s #%u: %s: %s", (unsigned long long)c->id, method, j->msgid,
+              dspk__err_name(code), j->errmsg ? j->errmsg : msg && *msg ? msg
+                                                            : dspk__strerror(code));
+}
+
 static void ring_push(struct device *dev, struct cqueue *q) {
   q->in_ring = true;
   FIFO_PUSH(dev->ring_head, dev->ring_tail, q, next);
@@ -318,8 +356,8 @@ static void finish_dropped(struct dspkd *d, struct job *list, int code) {
                       : code != DSPK_ECANCELED ? NULL
                       : j->kind == JOB_TASK    ? DSPKD_MSG_CANCELED
                                                : "the request was canceled";
-    if (code && j->kind == JOB_TASK)
-      log_task_failed(j, code, why);
+    if (code)
+      log_failed(j, code, why);
     if (c) /* taken out of its queue before it ran */
       dspkd_job_request_done(c, DSPK_ECANCELED);
     if (code && c && !c->closing)
@@ -442,8 +480,8 @@ void dspkd_sched_done_cb(uv_async_t *h) {
     j->next = NULL;
     j->resv_answer = 0;
     conn_unlink_job(j);
-    if (j->kind == JOB_TASK && j->err < 0)
-      log_task_failed(j, j->err, NULL);
+    if (j->err < 0)
+      log_failed(j, j->err, NULL);
     dspkd_job_request_done(c, j->err);
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
       /* The slot was reserved when the request came in. */

@@ -185,7 +185,7 @@ static bool pin_buffer(struct dbuf *b) {
 static void fail(struct job *j, int code, const char *msg) {
   j->err = code;
   j->rdpin = NULL; /* an answer sent from a buffer's block is replaced */
-  if (j->kind == JOB_TASK && msg && *msg) {
+  if (msg && *msg) {
     free(j->errmsg);
     j->errmsg = strdup(msg); /* for the loop's log line; NULL is fine */
   }

@@ -4007,6 +4007,48 @@ def t_reuse(exe, tmp):
     d.stop()
 
 
+def t_buflog(exe, tmp):
+    """A buffer request that fails once it has reached its device (here
+    canceled while queued behind a running task) is logged as every failed
+    request is, "client N: METHOD #ID: ECODE: message", at the one rule's
+    level (ECANCELED: info), naming its method; before, only tasks had a
+    line (the notes of several rounds: such a buffer.read or buffer.write
+    was answered but not logged)."""
+    M = 1 << 20
+    d = Daemon(exe, tmp, ["--log-level", "info"],
+               env=dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before"))
+    hook = "waits for the task's cancel before it runs"
+    c = d.client()
+    buf = c.call("buffer.create", {"device": "cpu:0", "size": 4 * M})["buffer"]
+    t = c.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                            "inputs": [{"buffer": buf, "dtype": "f32", "shape": [M]}]})
+    deadline = time.monotonic() + TIMEOUT
+    while hook not in d.logtext():
+        check(time.monotonic() < deadline, "the task reached the hook")
+        time.sleep(0.005)
+    w = c.send("buffer.write", {"buffer": buf, "offset": 0, "data": b"\1" * 8})
+    r = c.send("buffer.read", {"buffer": buf, "size": M})
+    n = c.send("buffer.create", {"device": "cpu:0", "size": M})
+    for q in (w, r, n, t):
+        check(c.call("task.cancel", {"msgid": q})["canceled"], "request %d canceled" % q)
+    for q in (w, r, n, t):
+        try:
+            c.wait(q)
+            raise AssertionError("request %d answered" % q)
+        except RpcError as e:
+            check(e.name == "ECANCELED", "request %d: %s" % (q, e.name))
+    c.call("ping")
+    text = d.logtext()
+    for q, method in ((w, "buffer.write"), (r, "buffer.read"), (n, "buffer.create")):
+        check(re.search(r"^dspkd\[\d+\]: info: client \d+: %s #%d: ECANCELED: the request was "
+                        r"canceled$" % (re.escape(method), q), text, re.M),
+              "%s #%d canceled is logged:\n%s" % (method, q, text[-3000:]))
+    check(re.search(r"^dspkd\[\d+\]: info: task failed: device=cpu:0 op=map .*ECANCELED", text,
+                    re.M), "the task's line:\n" + text[-3000:])
+    c.close()
+    d.stop()
+
+
 def t_readmove(exe, tmp):
     """A buffer.read answer on cpu:0 is sent from the buffer's own memory,
     whatever part of it is read.  A write into the buffer while such an
@@ -5682,6 +5724,7 @@ GROUPS = {
     "reuse": t_reuse,
     "sendfrom": t_sendfrom,
     "readmove": t_readmove,
+    "buflog": t_buflog,
     "reduceacc": t_reduceacc,
     "hip": t_hip,
     "basic": t_basic,
