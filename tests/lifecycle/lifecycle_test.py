@@ -1621,6 +1621,41 @@ def t_config(exe, tmp):
 
     start_fail("[limits]\nmax_clients = 4\nmax_cliens = 5\n",
                '%(f)s:3: unknown key "max_cliens" in [limits]')
+    # A key is spelled with "_" (dspk.conf(5)); "-" is the command line's
+    # spelling.  Every dashed key name was taken as the key (probe 19 E1), a
+    # second spelling nobody documented: it is an unknown key, with a hint.
+    # Every key of the shipped example file (systemd/dspkd.conf), in its own
+    # section, in another one and above any section.
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    section, keys = None, []
+    with open(os.path.join(src, "systemd", "dspkd.conf")) as fh:
+        for line in fh:
+            m = re.match(r"\[(\w+)\]$", line.strip())
+            if m:
+                section = m.group(1)
+            m = re.match(r"#([a-z_]+) =", line)
+            if m and section:
+                keys.append((section, m.group(1)))
+    dashed = [(sec, k) for sec, k in keys if "_" in k]
+    check(len(keys) >= 33 and len(dashed) >= 29, "keys of the example file: %r" % keys)
+    for sec, k in dashed:
+        dash = k.replace("_", "-")
+        start_fail("[%s]\n%s = 1\n" % (sec, dash),
+                   '%%(f)s:2: unknown key "%s" in [%s]; did you mean %s?\n' % (dash, sec, k))
+        other = "policy" if sec != "policy" else "limits"
+        start_fail("[%s]\n%s = 1\n" % (other, dash),
+                   '%%(f)s:2: unknown key "%s" in [%s]; did you mean %s (in [%s])?\n'
+                   % (dash, other, k, sec))
+    start_fail("max-clients = 5\n", '%(f)s:1: unknown key "max-clients" before any [section]; '
+               'did you mean max_clients (in [limits])?\n')
+    # Only a dashed key name gets the hint: a mixed one too, not another name.
+    start_fail("[limits]\nmax_user-clients = 5\n", '%(f)s:2: unknown key "max_user-clients" '
+               'in [limits]; did you mean max_user_clients?\n')
+    start_fail("[limits]\nmax-cliens = 5\n", '%(f)s:2: unknown key "max-cliens" in [limits]\n')
+    start_fail("[daemon]\nend-job = 5\n", '%(f)s:2: unknown key "end-job" in [daemon]\n')
+    # A dashed key and its "_" spelling are two names, not one key given twice.
+    start_fail("[limits]\nmax_clients = 5\nmax-clients = 6\n",
+               '%(f)s:3: unknown key "max-clients" in [limits]; did you mean max_clients?\n')
     # Every path of the file is absolute, as job_state's is (dspk.conf(5)): a
     # relative cache or socket was the start directory's, logged relative, and a
     # daemon whose epilog refuses the same file (probe 17, E 5).
