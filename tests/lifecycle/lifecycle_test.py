@@ -1318,6 +1318,65 @@ def t_reload(exe, tmp):
     old.close()
     d.stop()
 
+    # Each refusal of daemon.reload, whatever its code, is the one line
+    # "error: reload: ...; keeping the running configuration" (docs/admin.md),
+    # the answer's message: the generic "client N: daemon.reload #ID: ECODE"
+    # line repeated it, at err for EIO, at debug for the others (probe 19 E2).
+    write(conf, "[limits]\nmax_clients = 10\n")
+    d = Daemon(exe, tmp, ["--config", conf])
+    c = d.client()
+
+    def bad_syntax():
+        write(conf, "[limits]\nmax_clients = lots\n")
+
+    def unsafe():
+        write(conf, "[limits]\nmax_clients = 5\n")
+        os.chmod(conf, 0o666)
+
+    def state_is_conf():
+        write(conf, "[daemon]\njob_state = %s\n" % conf)
+
+    def state_nodir():
+        write(conf, "[daemon]\njob_state = %s\n" % os.path.join(tmp, "nodir", "x.jobs"))
+
+    def missing():
+        os.rename(conf, conf + ".away")
+
+    def directory():
+        os.rename(conf, conf + ".away")
+        os.mkdir(conf)
+
+    for code, setup, want in (
+            ("EINVAL", bad_syntax, "%s:2: max_clients: expected" % conf),
+            ("EINVAL", unsafe, "%s: refusing the configuration file" % conf),
+            ("EINVAL", state_is_conf, "%s: job_state %s is the configuration file" % (conf, conf)),
+            ("EINVAL", state_nodir, "its directory %s: No such file" % os.path.join(tmp, "nodir")),
+            ("ENOENT", missing, "%s: cannot read: No such file or directory" % conf),
+            ("EIO", directory, "%s: cannot read: Is a directory" % conf)):
+        mark = len(d.logtext())
+        setup()
+        try:
+            c.call("daemon.reload")
+            check(False, "%s: the reload was taken" % setup.__name__)
+        except RpcError as e:
+            got = e.err.get("message", "")
+            check(e.name == code and want in got, "%s: %s %r" % (setup.__name__, e.name, got))
+        log = d.logtext()[mark:]
+        lines = [ln for ln in log.splitlines() if "keeping the running configuration" in ln]
+        check(len(lines) == 1 and re.match(r"dspkd\[\d+\]: error: reload: ", lines[0])
+              and lines[0].endswith(got), "%s: one reload: line at error, the answer's "
+              "message:\n%s" % (setup.__name__, log))
+        check("daemon.reload #" not in log, "%s: no generic line:\n%s" % (setup.__name__, log))
+        if os.path.isdir(conf):
+            os.rmdir(conf)
+        if os.path.exists(conf + ".away"):
+            os.rename(conf + ".away", conf)
+        write(conf, "[limits]\nmax_clients = 10\n")
+        os.chmod(conf, 0o644)
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 10, "the start's kept")
+    c.close()
+    d.stop()
+
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
 RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "job_state", "backends",
@@ -2181,6 +2240,10 @@ def t_policy(exe, tmp):
         check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): %s refused: not an "
                         r"admin" % (nobody, m), d.logtext()), "%s refusal logged:\n%s"
               % (m, d.logtext()))
+        # That notice is the refusal's one line: no generic "client N: METHOD #ID:
+        # EPERM" line repeats it (probe 19 E2, the rule of daemon.reload's refusals).
+        check(not re.search(r"client \d+: %s #\d+: EPERM" % m, d.logtext()),
+              "%s refusal logged once:\n%s" % (m, d.logtext()))
     write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
     d.proc.send_signal(signal.SIGHUP)
     d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
