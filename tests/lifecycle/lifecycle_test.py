@@ -745,6 +745,35 @@ def t_sigterm(exe, tmp):
           "no task running at the stop deadline; 1 connection still open" in log and
           "connections still open 2000 ms after the deadline: closing them" in log,
           "no task is said to run:\n" + log)
+    # A request only partly read when the stop begins gets no answer and no
+    # protocol.error notice: the connection ends after the answers owed
+    # (docs/protocol.md, "When a connection closes, and when the daemon
+    # stops"; probe 19 E, an observation).
+    d4 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(d4.sock)
+    s.settimeout(TIMEOUT)
+    whole = msgpack.packb([0, 1, "ping", [{"data": b"a"}]], use_bin_type=True)
+    part = msgpack.packb([0, 2, "ping", [{"data": b"b" * 4096}]], use_bin_type=True)
+    s.sendall(whole + part[:len(part) // 2])
+    u = msgpack.Unpacker(raw=False)
+    got = []
+    while not got:
+        data = s.recv(65536)
+        check(data, "the answer to the whole ping came before the end")
+        u.feed(data)
+        got = list(u)
+    check(len(got) == 1 and got[0][:3] == [1, 1, None], "the whole ping answered: %r" % got)
+    d4.proc.send_signal(signal.SIGTERM)
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        u.feed(data)
+        got += list(u)
+    check(len(got) == 1, "nothing for the partly read request, then the end: %r" % got[1:])
+    s.close()
+    check(d4.wait() == 0, "exit 0:\n" + d4.logtext())
     # The message of ESHUTDOWN is clear.
     d2 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
     c = d2.client()
