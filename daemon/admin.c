@@ -88,8 +88,12 @@ static int reply_bool(struct req *r, int method, bool yes) {
 
 int dspkd_admin_refuse(struct req *r, const char *method) {
   struct conn *c = r->c;
-  if (dspkd_log_client_ok((long)c->uid, DSPKD_NOTICE))
+  /* The notice is the refusal's line; when the per-uid limit holds it
+   * back, the generic debug line of conn.c is left to say it. */
+  if (dspkd_log_client_ok((long)c->uid, DSPKD_NOTICE)) {
     dspkd_notice(DSPKD_PEER_FMT ": %s refused: not an admin", DSPKD_PEER_ARGS(c), method);
+    r->logged = true;
+  }
   /* Every admin refusal names the whole rule (docs/protocol.md): root and
    * the daemon's own user are admins whatever the lists say. */
   return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: permission denied: uid %ld is "
@@ -136,6 +140,10 @@ int dspkd_m_daemon_reload(struct req *r) {
   int err;
   dspkd_info(DSPKD_PEER_FMT ": daemon.reload", DSPKD_PEER_ARGS(c));
   err = dspkd_reload(c->d, r->msg, sizeof r->msg);
+  /* Every refusal, whatever its code, was logged as the one
+   * "reload: ...; keeping the running configuration" line at err
+   * (dspkd_config_reload), as for SIGHUP: the answer tells the rest. */
+  r->logged = err < 0;
   if (err < 0)
     return err;
   /* false: no file was read (--config "", or the default file that does

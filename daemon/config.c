@@ -964,28 +964,53 @@ static int store(const struct key *k, const char *value, bool from_file,
   return 0;
 }
 
-/* Stores a value; in a reload, keys that need a restart are only compared
- * with the running value (and a difference logged). */
-static int handle_key(void *user, const char *section, const char *name, const char *value) {
-  struct parse *p = user;
-  struct dspkd_config scratch;
-  char kname[64], why[256];
-  const struct key *k;
+/* For an unknown key name that is a file key spelled with '-' for '_' (the
+ * command line's spelling, --max-clients): "; did you mean max_clients?",
+ * naming the key's section when it is not section; else "".  The file
+ * spells keys with '_' only (dspk.conf(5)): a dashed name used to be taken
+ * as the key in silence (probe 19 E1), a second spelling the page never
+ * named. */
+static void dash_hint(const char *name, const char *section, char *out, size_t len) {
+  char kname[64];
   int idx;
-  bool skip;
 
+  out[0] = '\0';
+  if (!strchr(name, '-') || strlen(name) >= sizeof kname)
+    return;
   snprintf(kname, sizeof kname, "%s", name);
   for (char *c = kname; *c; c++)
     if (*c == '-')
       *c = '_';
   idx = key_index(kname);
+  if (idx < 0 || !(keys[idx].where & IN_FILE))
+    return;
+  if (strcmp(section, keys[idx].section) == 0)
+    snprintf(out, len, "; did you mean %s?", keys[idx].name);
+  else
+    snprintf(out, len, "; did you mean %s (in [%s])?", keys[idx].name, keys[idx].section);
+}
+
+/* Stores a value; in a reload, keys that need a restart are only compared
+ * with the running value (and a difference logged). */
+static int handle_key(void *user, const char *section, const char *name, const char *value) {
+  struct parse *p = user;
+  struct dspkd_config scratch;
+  char why[256];
+  const struct key *k;
+  int idx;
+  bool skip;
+
+  idx = key_index(name);
   k = idx >= 0 && (keys[idx].where & IN_FILE) ? &keys[idx] : NULL;
   /* inih gives "" as the section of a key above the first header: there is
    * no section "[]" to name, the header is what is missing. */
-  if (!k && !section[0])
-    return perr(p, "unknown key \"%s\" before any [section]", vis(name));
-  if (!k)
-    return perr(p, "unknown key \"%s\" in [%s]", vis(name), vis(section));
+  if (!k) {
+    char hint[96];
+    dash_hint(name, section, hint, sizeof hint);
+    if (!section[0])
+      return perr(p, "unknown key \"%s\" before any [section]%s", vis(name), hint);
+    return perr(p, "unknown key \"%s\" in [%s]%s", vis(name), vis(section), hint);
+  }
   if (!section[0])
     return perr(p, "key \"%s\" comes before any [section]; it belongs in [%s]", vis(name),
                 k->section);
@@ -1067,17 +1092,12 @@ static int handle_key(void *user, const char *section, const char *name, const c
  * line set (the file is wrong either way), at start and at a reload. */
 static int handler(void *user, const char *section, const char *name, const char *value) {
   struct parse *p = user;
-  char kname[64];
   int idx, other;
   bool yes;
 
   if (!handle_key(user, section, name, value) || p->err_line)
     return 0;
-  snprintf(kname, sizeof kname, "%s", name); /* as handle_key found it */
-  for (char *c = kname; *c; c++)
-    if (*c == '-')
-      *c = '_';
-  idx = key_index(kname);
+  idx = key_index(name);
   if (idx == key_index("cache")) {
     p->cache_line = p->line;
     other = p->no_cache_line;

@@ -852,9 +852,10 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
        * mistake a debug line only (which its answer tells it); the
        * daemon's failure (out of memory, internal) at its level, limited
        * per uid.  A request answered here reached no device: a refused
-       * task.run too, whose raw kernel has not been compiled yet. */
+       * task.run too, whose raw kernel has not been compiled yet.  Not
+       * when the method logged the refusal in its own line (r.logged). */
       enum dspkd_level lv = dspkd_log_fail_level(err, false);
-      if (dspkd_log_client_line_ok((long)c->uid, lv)) {
+      if (!r.logged && dspkd_log_client_line_ok((long)c->uid, lv)) {
         char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
         dspkd_log(lv, "client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
                   dspkd_log_value(mv, sizeof mv, m.method, m.method_len), m.msgid,

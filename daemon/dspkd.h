@@ -945,6 +945,11 @@ struct req {
                                            proto/schema.c's table */
   struct rchunk *chunk;       /* the frame's bytes */
   char msg[512];              /* error detail for the response */
+  /* The method logged its failure itself, in the one line its docs name
+   * (daemon.reload's "reload: ..."): conn.c then writes no generic
+   * "client N: METHOD #ID: ECODE" line, which would repeat it (probe 19
+   * E2: a reload refused with EIO was two err lines). */
+  bool logged;
 };
 /* A result response of method (proto/schema.h's DSPK__M_*) to msgid, its
  * fields vals (indexed by the method's DSPK__R_* enum) packed by the

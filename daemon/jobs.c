@@ -596,6 +596,7 @@ static int register_persist(struct req *r, struct djob *j, bool created, struct 
   }
   dspkd_error(DSPKD_PEER_FMT ": job.register of Slurm job %" PRIu64 " failed: %s",
               DSPKD_PEER_ARGS(r->c), id, why);
+  r->logged = true; /* that line is the one: no generic "client N" line after it */
   return fail(r, DSPK_EIO, created ? "%s; Slurm job %" PRIu64 " is not registered (nothing "
               "changed)" : "%s; Slurm job %" PRIu64 " keeps its registration (nothing changed)",
               why, id);
@@ -614,6 +615,7 @@ static int end_persist(struct req *r, struct djob *j, uint64_t id,
     j->ended = false;
   dspkd_error(DSPKD_PEER_FMT ": job.end of Slurm job %" PRIu64 " failed: %s",
               DSPKD_PEER_ARGS(r->c), id, why);
+  r->logged = true; /* as in register_persist */
   return fail(r, DSPK_EIO, "%s; Slurm job %" PRIu64 " is not ended (nothing changed)", why, id);
 }
 

@@ -21,6 +21,7 @@ one.
 import argparse
 import json
 import os
+import re
 import time
 import select
 import shutil
@@ -1783,6 +1784,17 @@ def lock_guard(exe, tmp):
               % state in e[1] and open(state).read() == before,
               "job.register after the lock was replaced: %r" % (e,))
         check("no longer the file dspkd locked" in d.logtext(), "the log says so")
+        # job.end too; each failure is its one err line, which no generic
+        # "client N: METHOD #ID: EIO" line repeats (probe 19 E2).
+        e = err_of(d.client(), "job.end", {"job": 101})
+        check(e[0] == "EIO" and "is not ended (nothing changed)" in e[1],
+              "job.end after the lock was replaced: %r" % (e,))
+        log = d.logtext()
+        for method, job in (("job.register", 102), ("job.end", 101)):
+            check(len(re.findall(r"error: client \d+ \(pid \d+ uid \d+ gid \d+\): %s of Slurm "
+                                 r"job %d failed: " % (method, job), log)) == 1 and
+                  not re.search(r"client \d+: %s #\d+: EIO" % method, log),
+                  "%s's failure logged once:\n%s" % (method, log))
     daemon_check(Daemon(exe, tmp, ["--config", ""]), running)
 
 

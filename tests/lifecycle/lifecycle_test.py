@@ -745,6 +745,35 @@ def t_sigterm(exe, tmp):
           "no task running at the stop deadline; 1 connection still open" in log and
           "connections still open 2000 ms after the deadline: closing them" in log,
           "no task is said to run:\n" + log)
+    # A request only partly read when the stop begins gets no answer and no
+    # protocol.error notice: the connection ends after the answers owed
+    # (docs/protocol.md, "When a connection closes, and when the daemon
+    # stops"; probe 19 E, an observation).
+    d4 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(d4.sock)
+    s.settimeout(TIMEOUT)
+    whole = msgpack.packb([0, 1, "ping", [{"data": b"a"}]], use_bin_type=True)
+    part = msgpack.packb([0, 2, "ping", [{"data": b"b" * 4096}]], use_bin_type=True)
+    s.sendall(whole + part[:len(part) // 2])
+    u = msgpack.Unpacker(raw=False)
+    got = []
+    while not got:
+        data = s.recv(65536)
+        check(data, "the answer to the whole ping came before the end")
+        u.feed(data)
+        got = list(u)
+    check(len(got) == 1 and got[0][:3] == [1, 1, None], "the whole ping answered: %r" % got)
+    d4.proc.send_signal(signal.SIGTERM)
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        u.feed(data)
+        got += list(u)
+    check(len(got) == 1, "nothing for the partly read request, then the end: %r" % got[1:])
+    s.close()
+    check(d4.wait() == 0, "exit 0:\n" + d4.logtext())
     # The message of ESHUTDOWN is clear.
     d2 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
     c = d2.client()
@@ -1318,6 +1347,65 @@ def t_reload(exe, tmp):
     old.close()
     d.stop()
 
+    # Each refusal of daemon.reload, whatever its code, is the one line
+    # "error: reload: ...; keeping the running configuration" (docs/admin.md),
+    # the answer's message: the generic "client N: daemon.reload #ID: ECODE"
+    # line repeated it, at err for EIO, at debug for the others (probe 19 E2).
+    write(conf, "[limits]\nmax_clients = 10\n")
+    d = Daemon(exe, tmp, ["--config", conf])
+    c = d.client()
+
+    def bad_syntax():
+        write(conf, "[limits]\nmax_clients = lots\n")
+
+    def unsafe():
+        write(conf, "[limits]\nmax_clients = 5\n")
+        os.chmod(conf, 0o666)
+
+    def state_is_conf():
+        write(conf, "[daemon]\njob_state = %s\n" % conf)
+
+    def state_nodir():
+        write(conf, "[daemon]\njob_state = %s\n" % os.path.join(tmp, "nodir", "x.jobs"))
+
+    def missing():
+        os.rename(conf, conf + ".away")
+
+    def directory():
+        os.rename(conf, conf + ".away")
+        os.mkdir(conf)
+
+    for code, setup, want in (
+            ("EINVAL", bad_syntax, "%s:2: max_clients: expected" % conf),
+            ("EINVAL", unsafe, "%s: refusing the configuration file" % conf),
+            ("EINVAL", state_is_conf, "%s: job_state %s is the configuration file" % (conf, conf)),
+            ("EINVAL", state_nodir, "its directory %s: No such file" % os.path.join(tmp, "nodir")),
+            ("ENOENT", missing, "%s: cannot read: No such file or directory" % conf),
+            ("EIO", directory, "%s: cannot read: Is a directory" % conf)):
+        mark = len(d.logtext())
+        setup()
+        try:
+            c.call("daemon.reload")
+            check(False, "%s: the reload was taken" % setup.__name__)
+        except RpcError as e:
+            got = e.err.get("message", "")
+            check(e.name == code and want in got, "%s: %s %r" % (setup.__name__, e.name, got))
+        log = d.logtext()[mark:]
+        lines = [ln for ln in log.splitlines() if "keeping the running configuration" in ln]
+        check(len(lines) == 1 and re.match(r"dspkd\[\d+\]: error: reload: ", lines[0])
+              and lines[0].endswith(got), "%s: one reload: line at error, the answer's "
+              "message:\n%s" % (setup.__name__, log))
+        check("daemon.reload #" not in log, "%s: no generic line:\n%s" % (setup.__name__, log))
+        if os.path.isdir(conf):
+            os.rmdir(conf)
+        if os.path.exists(conf + ".away"):
+            os.rename(conf + ".away", conf)
+        write(conf, "[limits]\nmax_clients = 10\n")
+        os.chmod(conf, 0o644)
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 10, "the start's kept")
+    c.close()
+    d.stop()
+
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
 RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "job_state", "backends",
@@ -1621,6 +1709,41 @@ def t_config(exe, tmp):
 
     start_fail("[limits]\nmax_clients = 4\nmax_cliens = 5\n",
                '%(f)s:3: unknown key "max_cliens" in [limits]')
+    # A key is spelled with "_" (dspk.conf(5)); "-" is the command line's
+    # spelling.  Every dashed key name was taken as the key (probe 19 E1), a
+    # second spelling nobody documented: it is an unknown key, with a hint.
+    # Every key of the shipped example file (systemd/dspkd.conf), in its own
+    # section, in another one and above any section.
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    section, keys = None, []
+    with open(os.path.join(src, "systemd", "dspkd.conf")) as fh:
+        for line in fh:
+            m = re.match(r"\[(\w+)\]$", line.strip())
+            if m:
+                section = m.group(1)
+            m = re.match(r"#([a-z_]+) =", line)
+            if m and section:
+                keys.append((section, m.group(1)))
+    dashed = [(sec, k) for sec, k in keys if "_" in k]
+    check(len(keys) >= 33 and len(dashed) >= 29, "keys of the example file: %r" % keys)
+    for sec, k in dashed:
+        dash = k.replace("_", "-")
+        start_fail("[%s]\n%s = 1\n" % (sec, dash),
+                   '%%(f)s:2: unknown key "%s" in [%s]; did you mean %s?\n' % (dash, sec, k))
+        other = "policy" if sec != "policy" else "limits"
+        start_fail("[%s]\n%s = 1\n" % (other, dash),
+                   '%%(f)s:2: unknown key "%s" in [%s]; did you mean %s (in [%s])?\n'
+                   % (dash, other, k, sec))
+    start_fail("max-clients = 5\n", '%(f)s:1: unknown key "max-clients" before any [section]; '
+               'did you mean max_clients (in [limits])?\n')
+    # Only a dashed key name gets the hint: a mixed one too, not another name.
+    start_fail("[limits]\nmax_user-clients = 5\n", '%(f)s:2: unknown key "max_user-clients" '
+               'in [limits]; did you mean max_user_clients?\n')
+    start_fail("[limits]\nmax-cliens = 5\n", '%(f)s:2: unknown key "max-cliens" in [limits]\n')
+    start_fail("[daemon]\nend-job = 5\n", '%(f)s:2: unknown key "end-job" in [daemon]\n')
+    # A dashed key and its "_" spelling are two names, not one key given twice.
+    start_fail("[limits]\nmax_clients = 5\nmax-clients = 6\n",
+               '%(f)s:3: unknown key "max-clients" in [limits]; did you mean max_clients?\n')
     # Every path of the file is absolute, as job_state's is (dspk.conf(5)): a
     # relative cache or socket was the start directory's, logged relative, and a
     # daemon whose epilog refuses the same file (probe 17, E 5).
@@ -2146,6 +2269,10 @@ def t_policy(exe, tmp):
         check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): %s refused: not an "
                         r"admin" % (nobody, m), d.logtext()), "%s refusal logged:\n%s"
               % (m, d.logtext()))
+        # That notice is the refusal's one line: no generic "client N: METHOD #ID:
+        # EPERM" line repeats it (probe 19 E2, the rule of daemon.reload's refusals).
+        check(not re.search(r"client \d+: %s #\d+: EPERM" % m, d.logtext()),
+              "%s refusal logged once:\n%s" % (m, d.logtext()))
     write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
     d.proc.send_signal(signal.SIGHUP)
     d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
