@@ -559,7 +559,7 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
   if (fd < 0) {
     int e = errno;
     seterr(err, errlen, "%s", strerror(e));
-    rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
+    rc = dspk__path_code(e);
     goto fail;
   }
   if (fstat(fd, &st) < 0) {

@@ -27,6 +27,7 @@
 #include <zip.h>
 
 #include "client/submit/npy.h"
+#include "client/submit/outfile.h"
 #include "dspk/errors.h"
 
 #define NPZ_ZIP_FUNCS(X)                                                       \
@@ -203,11 +204,8 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
       int e = errno;
-      return fail(err, errlen,
-                  e == ENOENT || e == ENOTDIR ? DSPK_ENOENT
-                  : e == EACCES || e == EPERM ? DSPK_EPERM
-                                              : DSPK_EIO,
-                  "%s: %s", dspk__npy_shown(path), strerror(e));
+      return fail(err, errlen, dspk__path_code(e), "%s: %s", dspk__npy_shown(path),
+                  strerror(e));
     }
     close(fd);
   }

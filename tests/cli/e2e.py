@@ -3165,6 +3165,44 @@ def outputs_before_work(cli, tmp):
         cli.fails(nosock + args, args[0], "ENOENT", sock=False,
                   detail="%s: No such file or directory" % bad)
     check(not os.path.exists(os.path.join(tmp, "no")), "a directory was created")
+    # Probe 19 D1: a path that leads to no file for another reason than a
+    # missing directory (a part of it is a file, a loop of symbolic links,
+    # a name over NAME_MAX) is ENOENT too, with the system's words, not
+    # EIO (which cli.md keeps for writes that fail): for every output (the
+    # compute commands, kernel -o, trace -o) and every input (a .npy, an
+    # .npz, kernel's SOURCE).
+    afile = os.path.join(tmp, "afile")
+    with open(afile, "w") as f:
+        f.write("old\n")
+    loop1, loop2 = os.path.join(tmp, "loop1"), os.path.join(tmp, "loop2")
+    os.symlink("loop2", loop1)
+    os.symlink("loop1", loop2)
+    longname = os.path.join(tmp, "n" * 300 + ".npy")
+    unreachable = ((afile + "/x.npy", "Not a directory"), (afile + "/", "Not a directory"),
+                   (loop1, "Too many levels of symbolic links"),
+                   (loop1 + "/x.npy", "Too many levels of symbolic links"),
+                   (longname, "File name too long"))
+    for bad, why in unreachable:
+        for args in (["map", "abs", a, "-o", bad], ["gemm", a, a, "-o", bad],
+                     ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                      a, "-o", bad],
+                     ["trace", "-o", bad, "--seconds", "600"]):
+            cli.fails(nosock + args, args[0], "ENOENT", sock=False,
+                      detail="%s: %s" % (bad, why))
+        if bad.endswith("/"):
+            continue  # as an input, "afile/" names a directory (a bad command line)
+        for args in (["map", "abs", bad],
+                     ["kernel", bad, "--entry", "main", "--grid", "1", "--block", "1"]):
+            cli.fails(nosock + args, args[0], "ENOENT", sock=False, detail=why)
+    zloop = os.path.join(tmp, "zloop.npz")
+    os.symlink("zloop.npz", zloop)
+    for z, why in ((afile + "/x.npz", "Not a directory"),
+                   (zloop, "Too many levels of symbolic links")):
+        for spec in (z, z + ":x"):
+            cli.fails(nosock + ["reduce", "sum", spec], "reduce", "ENOENT", sock=False,
+                      detail="%s: %s" % (z, why))
+    with open(afile) as f:
+        check(f.read() == "old\n", "the file in the unreachable paths was changed")
     # A writable file in a directory that is not: it cannot be replaced
     # whole, so the command says why (EPERM) and leaves it.
     rod = os.path.join(tmp, "rod")
@@ -3186,6 +3224,16 @@ def outputs_before_work(cli, tmp):
                   detail="%s: cannot create a temporary file in %s to replace it" % (x, rod))
         with open(x, "rb") as f:
             check(f.read() == b"old", "the file in a read-only directory was changed")
+        # An input that may not be read is EPERM, kernel's SOURCE as a .npy
+        # (probe 19 D1: SOURCE was EIO).
+        secret = os.path.join(tmp, "secret.comp")
+        with open(secret, "w") as f:
+            f.write("void main() {}\n")
+        os.chmod(secret, 0)  # unreadable to its owner, and to nobody when root
+        for args in (["kernel", secret, "--entry", "main", "--grid", "1", "--block", "1"],
+                     ["map", "abs", secret]):
+            cli.fails(nosock + args, args[0], "EPERM", sock=False, preexec_fn=preexec,
+                      detail="%s: Permission denied" % secret)
         # Another user's file in a sticky directory (/tmp): the temporary
         # can be made, but the rename over the file would be refused, so it
         # fails at once (before connecting), not with EIO after the work.
