@@ -1465,8 +1465,15 @@ int main(int argc, char **argv) {
   }
   if (optind >= argc)
     return dspk__sub_usage(&ctx, "missing COMMAND");
+  /* A --socket value that names no socket whatever the system holds is a
+   * bad command line, as the other malformed global options are: empty,
+   * or a lone '@' (an abstract name with nothing after it).  A lone '@'
+   * in $DSPK_SOCKET stays the library's refusal at connect (exit 1). */
   if (ctx.socket != NULL && ctx.socket[0] == '\0')
     return dspk__sub_usage(&ctx, "empty --socket path");
+  if (ctx.socket != NULL && strcmp(ctx.socket, "@") == 0)
+    return dspk__sub_usage(&ctx, "--socket '@': abstract socket name after '@' is empty "
+                                 "(@NAME names an abstract socket)");
   if (strcmp(argv[optind], "help") == 0)
     return help_command(&ctx, argc - optind, argv + optind);
   cmd = find_cmd(argv[optind]);

@@ -3001,6 +3001,15 @@ def command_line_messages(cli, tmp):
               detail="unknown option '--nosuch'")
     cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="empty --socket path")
+    # Probe 19 D2: a lone '@' names no socket either: a bad command line
+    # (exit 2, no COMMAND prefix) however spelled and whatever COMMAND; in
+    # $DSPK_SOCKET it is the refusal on connecting (exit 1).
+    for args in (["-S", "@", "ping"], ["--socket=@", "status"], ["-S@", "devices"],
+                 ["--sock", "@", "gemm", "a.npy", "b.npy"]):
+        cli.fails(args, None, "EINVAL", rc_want=2, sock=False,
+                  detail="--socket '@': abstract socket name after '@' is empty")
+    cli.fails(["ping"], "ping", "EINVAL", sock=False, env=dict(os.environ, DSPK_SOCKET="@"),
+              detail="cannot connect to @: $DSPK_SOCKET: abstract socket name after '@' is empty")
     d = os.path.join(tmp, "notsock")
     os.mkdir(d)
     reg = os.path.join(d, "file")
