@@ -2599,6 +2599,7 @@ def suite_help(cli, tmp):
     out = cli.ok("--version", sock=False)
     check(re.fullmatch(r"dspk-submit \S+\n", out), "--version %r" % out)
     help_matches_doc(cli)
+    parser_options_documented(cli, tmp)
     repeated_options(cli)
     outputs_before_work(cli, tmp)
     kernel_same_output(cli, tmp)
@@ -3322,6 +3323,84 @@ def help_matches_doc(cli):
     check("KiB" in cli.ok("ping", "--help", sock=False), "ping --help omits KiB")
     for c in ("ping", "kernel"):
         check("units" in cli.ok(c, "--help", sock=False), "%s --help omits the units" % c)
+
+
+def parser_options_documented(cli, tmp):
+    """Probe 19 D3: every option the parser accepts (the tables that
+    --list-options prints, each command's and subcommand's and
+    dspk-submit's own) is in the command's --help options block, in its
+    section of docs/cli.md and of the man page made from it (md2scd.py),
+    with its short letter where it has one ("-a, --all", "-a/--all")."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    md_path = os.path.join(here, "..", "..", "docs", "cli.md")
+    scd_path = os.path.join(tmp, "dspk-submit.1.scd")
+    subprocess.run([sys.executable, os.path.join(here, "..", "..", "man", "md2scd.py"),
+                    md_path, scd_path], check=True)
+
+    def sections(text, top, sub):
+        """{name: text}: each subsection (a command's, its first word the
+        name, the same name's subsections joined) and each section (its
+        whole title), with backticks, bold and escapes taken out."""
+        text = re.sub(r"\\(.)", r"\1", text.replace("`", "").replace("*", ""))
+        out = {}
+        heads = list(re.finditer(r"^(#+) (.*)$", text, re.M))
+        for i, m in enumerate(heads):
+            end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+            if m.group(1) == top:
+                out[m.group(2)] = text[m.start():end]
+            elif m.group(1) == sub:
+                name = m.group(2).split()[0]
+                out[name] = out.get(name, "") + text[m.start():end]
+        return out
+
+    with open(md_path) as f:
+        docs = {"cli.md": sections(f.read(), "##", "###")}
+    with open(scd_path) as f:
+        docs["the man page"] = sections(f.read(), "#", "##")
+    compute = ("gemm", "fft", "fir", "contract", "reduce", "map")
+
+    def named(text, long, short):
+        if short:
+            return re.search(r"(?<![\w-])-%s(,\s+|/)--%s(?![\w-])" % (short, long), text)
+        return re.search(r"(?<![\w-])--%s(?![\w-])" % long, text)
+
+    def table(*words):
+        out = cli.ok("--list-options", *words, sock=False)
+        rows = [line.split() for line in out.splitlines()]
+        check(rows and all(len(r) == 3 for r in rows), "--list-options %s: %r" % (words, out))
+        return [(r[0][2:], r[1][1:] if r[1] != "-" else None) for r in rows]
+
+    top = cli.ok("--help", sock=False)
+    cmds = re.findall(r"^  ([a-z]+) ", top.split("Commands:")[1], re.M)
+    check(len(cmds) >= 15, "commands from --help: %r" % cmds)
+    lines = [(None, top, table())]
+    for c in cmds:
+        h = cli.ok(c, "--help", sock=False)
+        # A command with subcommands (cache, job) takes --help alone before
+        # one: the subcommands' tables, from its usage lines.
+        subs = re.findall(r"dspk-submit %s ([a-z]+)\b" % c, h) \
+            if table(c) == [("help", "h")] else []
+        check(c not in ("cache", "job") or len(subs) == 2, "%s: subcommands %r" % (c, subs))
+        for words in [(c, s) for s in subs] or [(c,)]:
+            lines.append((c, h, table(*words)))
+    missing = []
+    for c, h, opts in lines:
+        for long, short in opts:
+            if long == "help" and c is not None:
+                continue  # every command's -h/--help: GLOBAL OPTIONS says so once
+            # --help's options block: "  -a, --all ..." or "      --json ...".
+            pat = (r"^\s+-%s, --%s\b" % (short, long)) if short else (r"^\s+--%s\b" % long)
+            if not re.search(pat, h, re.M):
+                missing.append("%s --help lacks %s" % (c or "dspk-submit", pat))
+            for doc, secs in docs.items():
+                text = secs.get(c, "") if c else secs["GLOBAL OPTIONS"]
+                if c in compute:
+                    text += secs["OPTIONS OF THE COMPUTE COMMANDS"]
+                if not named(text, long, short):
+                    missing.append("%s's %s section lacks %s--%s" % (
+                        doc, c or "GLOBAL OPTIONS", "-%s with " % short if short else "", long))
+    check(not missing, "options the parser takes but the docs do not name:\n  " +
+          "\n  ".join(missing))
 
 
 def repeated_options(cli):
