@@ -1056,10 +1056,38 @@ def value_text(cli, tmp):
         for t in texts:
             check(np_type(t) in a, "%s: %s is not one of %r" % (dt, t, a))
         out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
-        check('"head":[%s]' % ",".join(texts) in out, "%s --json: %r, want head %s"
-              % (dt, out, texts))
+        # --json's floats have ".0" after an integral value (16777216.0).
+        jtexts = [t + ".0" if re.fullmatch(r"-?[0-9]+", t) else t for t in texts]
+        check('"head":[%s]' % ",".join(jtexts) in out, "%s --json: %r, want head %s"
+              % (dt, out, jtexts))
         check([np_type(v) for v in json.loads(out)["outputs"][0]["head"]] == list(a),
               "%s --json head values: %r" % (dt, out))
+    # Probe 19 D4: integral values in --json's head are written as every
+    # float of --json is (cli.md: "`.0` after an integral one", as trace's
+    # seconds): 3.0, not 3, and -0.0, not -0 (which a JSON reader takes as
+    # the integer 0, its sign lost); the text line stays numpy's "3", "-0".
+    for dt, np_type in (("<f4", np.float32), ("<f8", np.float64), ("<c8", np.complex64),
+                        ("<c16", np.complex128)):
+        a = np.zeros(8, dt)
+        a.real = [0.0, 3.0, -0.0, -7.0, 1e16, 2.5, 1024.0, 1e-45 if dt == "<f4" else 1e-320]
+        if dt in ("<c8", "<c16"):
+            a.imag = [-0.0, 1.0, 0.0, 0.5, 0, 0, 0, -0.0]
+        p = os.path.join(tmp, "int_%s.npy" % dt[1:])
+        np.save(p, a)
+        out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
+        head = re.search(r'"head":(\[[^{}]*\])\}', out)
+        check(head and not re.search(r"(?<![\d.e+-])-?\d+(?=[,\]])", head.group(1)),
+              "%s --json: an integral value without .0: %r" % (dt, out))
+        vals = json.loads(out)["outputs"][0]["head"]
+        flat = [x for v in vals for x in (v if isinstance(v, list) else [v])]
+        check(all(type(x) is float for x in flat), "%s --json: not floats: %r" % (dt, vals))
+        want = [x for v in a for x in ((v.real, v.imag) if np.iscomplexobj(a) else (v,))]
+        part = np.float32 if dt in ("<f4", "<c8") else np.float64
+        check([part(x).tobytes() for x in flat] == [part(x).tobytes() for x in want],
+              "%s --json head: %r, want %r" % (dt, flat, want))
+        text = cli.ok("map", "scale", p, "--alpha", "1")
+        check(" 3" in text and ", -0" in text and ".0" not in text,
+              "%s: the text line changed: %r" % (dt, text))
     c = np.array([complex(1 / 3, -0.1)], "<c8")
     p = os.path.join(tmp, "val_c8.npy")
     np.save(p, c)
@@ -1338,8 +1366,10 @@ def suite_errors(cli, tmp):
     cli.fails(["map", "abs", lbad], "map", "EINVAL", detail="%s: malformed .npy header" % lbad)
     cli.fails(["map", "abs", large, "-o", tmp], "map", "EINVAL", rc_want=2,
               detail="-o %s: is a directory" % tmp)
-    cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "EIO",
-              detail=os.path.join(a34, "x.npy"))
+    # A file as the output's directory: the path leads to no directory,
+    # ENOENT (cli.md ARRAYS; it was EIO before probe 19 D1).
+    cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "ENOENT",
+              detail=os.path.join(a34, "x.npy") + ": Not a directory")
 
     def fsize_limit():  # writes past 64 KiB fail with EFBIG, as on a full disk
         import resource
