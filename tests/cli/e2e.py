@@ -2118,6 +2118,25 @@ def suite_shell(cli, tmp, dspkd):
     np.savez(one, only=a)
     cli.ok("gemm", one, fb, "-o", out)
     close_to(np.load(out), ref_ab, "gemm from a one-array npz")
+    # Probe 19 D5: an .npz on standard input, or named as a .npy, is told
+    # as a zip archive with what to give instead; the only member of an
+    # archive that is no .npy is named.
+    with open(one, "rb") as f:
+        zbytes = f.read()
+    cli.fails(["reduce", "sum", "-"], "reduce", "EINVAL", data=zbytes,
+              detail="<stdin>: not a .npy file but a zip archive (an .npz?): give it as a "
+                     "file named FILE.npz")
+    asnpy = os.path.join(tmp, "really_npz.npy")
+    with open(asnpy, "wb") as f:
+        f.write(zbytes)
+    cli.fails(["reduce", "sum", asnpy], "reduce", "EINVAL",
+              detail="%s: not a .npy file but a zip archive" % asnpy)
+    txt = os.path.join(tmp, "txt.npz")
+    import zipfile
+    with zipfile.ZipFile(txt, "w") as zf:
+        zf.writestr("x.npy", b"no npy in here")
+    cli.fails(["reduce", "sum", txt], "reduce", "EINVAL",
+              detail="%s:x: not a .npy file (bad magic)" % txt)
     # A member name with a control character, as numpy.savez stores it
     # (ASCII, no UTF-8 flag): found as numpy finds it, and listed escaped
     # (cli.md's one rule), not as a cp437 glyph (ESC was shown as U+2190).
