@@ -49,7 +49,7 @@ static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
   f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
-    return dspk__sub_fail(ctx, e == ENOENT ? DSPK_ENOENT : DSPK_EIO, "%s: %s",
+    return dspk__sub_fail(ctx, dspk__path_code(e), "%s: %s",
                           dspk__sub_arg(path), strerror(e));
   }
   buf = malloc(cap);

@@ -68,8 +68,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "Lists the devices the daemon can run tasks on: id (what --device\n"
      "takes, e.g. cpu:0, cuda:1), type, memory and name.\n"
      "\n"
-     "  --all    also list the backends that are not available, and why\n"
-     "  --json   print the daemon's answer as JSON\n"},
+     "  -a, --all    also list the backends that are not available, and why\n"
+     "      --json   print the daemon's answer as JSON\n"},
     {"status", dspk__sub_status, "daemon, client and queue status",
      "usage: dspk-submit status [--json]\n"
      "\n"
@@ -89,7 +89,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "the last two axes when asked.  A (...,M,K), B (...,K,N); f32 or f64\n"
      "(both the same, the result too), or f16 (the result f32).\n"
      "\n"
-     "  --trans-a, --trans-b   use the transpose of A / B\n"
+     "  --trans-a              use the transpose of A\n"
+     "  --trans-b              use the transpose of B\n"
      "  --alpha X              scale of the product (default 1)\n"
      "  --beta Y               scale of C (default 1 when C.npy is given)\n"
      "  -o, --output OUT.npy   write the result; without it, print a summary\n"
@@ -181,6 +182,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -b, --block X[,Y[,Z]]  threads per block (also XxYxZ)\n"
      "  -s, --shared SIZE      dynamic shared memory (default 0; a size with\n"
      "                         units K, M...: 48K = 49152)\n"
+     "  -l, --lang LANG        the source's language: cuda, hip, glsl or\n"
+     "                         spirv (default: from the extension)\n"
      "  -o, --output [K=]FILE  save tensor argument K (0-based; any integer\n"
      "                         before '=' is an index: ./4=y.npy for such a\n"
      "                         file name; default: the one after the\n"
@@ -203,7 +206,10 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "only the daemon's admins may (root, the user the daemon runs as, and\n"
      "admin_users/admin_groups of dspkd.conf; EPERM otherwise).\n"
      "\n"
-     "  --json   print the daemon's answer as JSON\n"},
+     "  --kernels    clear: the compiled kernels\n"
+     "  --autotune   clear: the autotune decisions\n"
+     "  --blobs      clear: the blobs\n"
+     "  --json       print the daemon's answer as JSON\n"},
     {"metrics", dspk__sub_metrics, "the daemon's metrics (Prometheus text)",
      "usage: dspk-submit metrics [--json]\n"
      "\n"
@@ -1465,8 +1471,15 @@ int main(int argc, char **argv) {
   }
   if (optind >= argc)
     return dspk__sub_usage(&ctx, "missing COMMAND");
+  /* A --socket value that names no socket whatever the system holds is a
+   * bad command line, as the other malformed global options are: empty,
+   * or a lone '@' (an abstract name with nothing after it).  A lone '@'
+   * in $DSPK_SOCKET stays the library's refusal at connect (exit 1). */
   if (ctx.socket != NULL && ctx.socket[0] == '\0')
     return dspk__sub_usage(&ctx, "empty --socket path");
+  if (ctx.socket != NULL && strcmp(ctx.socket, "@") == 0)
+    return dspk__sub_usage(&ctx, "--socket '@': abstract socket name after '@' is empty "
+                                 "(@NAME names an abstract socket)");
   if (strcmp(argv[optind], "help") == 0)
     return help_command(&ctx, argc - optind, argv + optind);
   cmd = find_cmd(argv[optind]);

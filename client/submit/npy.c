@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "dspk/errors.h"
+#include "proto/dtype.h"
 #include "proto/utf8.h"
 
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -53,6 +54,29 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
+}
+
+/* A zip archive's local header (an .npz's first bytes); an empty archive
+ * starts with its end record. */
+static const unsigned char zip_magic[4] = {'P', 'K', 3, 4};
+static const unsigned char zip_empty[4] = {'P', 'K', 5, 6};
+
+/* Whether the avail bytes at buf start a zip archive (an .npz given where
+ * one .npy is read). */
+static bool is_zip(const unsigned char *buf, size_t avail) {
+  return avail >= 4 && (memcmp(buf, zip_magic, 4) == 0 || memcmp(buf, zip_empty, 4) == 0);
+}
+
+/* The message for bytes that do not start a .npy: an .npz (a zip archive)
+ * is said so, with what to give instead. */
+static int bad_magic(const unsigned char *buf, size_t avail, char *err, size_t errlen) {
+  if (is_zip(buf, avail))
+    seterr(err, errlen, "not a .npy file but a zip archive (an .npz?): give it as a file "
+                        "named FILE.npz, with :NAME for one of several arrays (standard "
+                        "input takes one .npy, never an archive)");
+  else
+    seterr(err, errlen, "not a .npy file (bad magic)");
+  return DSPK_EINVAL;
 }
 
 size_t dspk__npy_itemsize(dspk_dtype dt) {
@@ -242,6 +266,16 @@ static int descr_dtype(const char *descr, dspk_dtype *out, char *err,
   return DSPK_EDTYPE;
 }
 
+/* A header of len bytes, over the limit: not malformed, but more than
+ * this reader takes (numpy.save writes a header of at most a few hundred
+ * bytes for every array this reads). */
+static int header_over(size_t len, char *err, size_t errlen) {
+  seterr(err, errlen, ".npy header of %zu bytes, over the limit of %d bytes (64 KiB); "
+         "numpy.save writes far shorter ones: save the array again with it", len,
+         DSPK__NPY_MAX_HEADER);
+  return DSPK_ELIMIT;
+}
+
 int dspk__npy_parse_header(const char *txt, size_t len, dspk__npy_header *out,
                            char *err, size_t errlen) {
   npy_lex lx = {txt, txt + len, txt, err, errlen};
@@ -252,11 +286,8 @@ int dspk__npy_parse_header(const char *txt, size_t len, dspk__npy_header *out,
   int rc;
 
   memset(&h, 0, sizeof h);
-  if (len > DSPK__NPY_MAX_HEADER) {
-    seterr(err, errlen, "malformed .npy header: %zu bytes (limit %d)", len,
-           DSPK__NPY_MAX_HEADER);
-    return DSPK_ELIMIT;
-  }
+  if (len > DSPK__NPY_MAX_HEADER)
+    return header_over(len, err, errlen);
   if (!lex_char(&lx, '{'))
     return lex_fail(&lx, "expected '{'");
   for (;;) {
@@ -336,10 +367,8 @@ static int parse_preamble(const unsigned char *buf, size_t avail,
     seterr(err, errlen, "cut short: %zu bytes, less than a .npy preamble", avail);
     return DSPK_EINVAL;
   }
-  if (avail < 10 || memcmp(buf, npy_magic, sizeof npy_magic) != 0) {
-    seterr(err, errlen, "not a .npy file (bad magic)");
-    return DSPK_EINVAL;
-  }
+  if (avail < 10 || memcmp(buf, npy_magic, sizeof npy_magic) != 0)
+    return bad_magic(buf, avail, err, errlen);
   if (buf[7] != 0 || buf[6] < 1 || buf[6] > 3) {
     seterr(err, errlen, "unsupported .npy format version %u.%u", buf[6],
            buf[7]);
@@ -357,14 +386,22 @@ static int parse_preamble(const unsigned char *buf, size_t avail,
          (size_t)buf[11] << 24;
     off = 12;
   }
-  if (hl > DSPK__NPY_MAX_HEADER) {
-    seterr(err, errlen, "malformed .npy header: %zu bytes (limit %d)", hl,
-           DSPK__NPY_MAX_HEADER);
-    return DSPK_ELIMIT;
-  }
+  if (hl > DSPK__NPY_MAX_HEADER)
+    return header_over(hl, err, errlen);
   *hdr_off = off;
   *hdr_len = hl;
   return 0;
+}
+
+static void fmt_shape(char *buf, size_t cap, int rank, const uint64_t *shape) {
+  size_t n = 0;
+  int i;
+  n += (size_t)snprintf(buf + n, cap - n, "(");
+  for (i = 0; i < rank && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%llu", i ? ", " : "",
+                          (unsigned long long)shape[i]);
+  if (n < cap)
+    snprintf(buf + n, cap - n, rank == 1 ? ",)" : ")");
 }
 
 /* Number of elements and bytes of a parsed header, with overflow checks. */
@@ -383,21 +420,20 @@ static int header_sizes(const dspk__npy_header *h, uint64_t *count,
   *count = c;
   *nbytes = (size_t)(c * is);
   return 0;
-overflow:
-  seterr(err, errlen, "array too large");
+overflow: {
+  /* The size (past 64 bits: a double) and the limit, the address space. */
+  char sh[8 * 22 + 8];
+  double bytes = (double)is;
+  for (i = 0; i < h->rank; i++)
+    bytes *= (double)h->shape[i];
+  fmt_shape(sh, sizeof sh, h->rank, h->shape);
+  seterr(err, errlen, "array too large: shape %s of %s is %.3g bytes, over the limit "
+         "of %zu bytes (what this machine can address); is the header's shape right?",
+         sh, dspk__dtype_name(h->dtype), bytes, (size_t)SIZE_MAX);
   return DSPK_ELIMIT;
 }
-
-static void fmt_shape(char *buf, size_t cap, int rank, const uint64_t *shape) {
-  size_t n = 0;
-  int i;
-  n += (size_t)snprintf(buf + n, cap - n, "(");
-  for (i = 0; i < rank && n < cap; i++)
-    n += (size_t)snprintf(buf + n, cap - n, "%s%llu", i ? ", " : "",
-                          (unsigned long long)shape[i]);
-  if (n < cap)
-    snprintf(buf + n, cap - n, rank == 1 ? ",)" : ")");
 }
+
 
 /* Checks that datalen, the bytes after the header, is exactly the size the
  * header promises. */
@@ -559,7 +595,7 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
   if (fd < 0) {
     int e = errno;
     seterr(err, errlen, "%s", strerror(e));
-    rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
+    rc = dspk__path_code(e);
     goto fail;
   }
   if (fstat(fd, &st) < 0) {
@@ -662,10 +698,11 @@ static int image_total(const unsigned char *b, size_t len, size_t *total, char *
 
   if (len < 12) {
     size_t m = len < sizeof npy_magic ? len : sizeof npy_magic;
-    if (memcmp(b, npy_magic, m) != 0) {
-      seterr(err, errlen, "not a .npy file (bad magic)");
-      return DSPK_EINVAL;
-    }
+    /* The start of a zip's magic waits for the rest, to be told as one. */
+    if (len < sizeof zip_magic && memcmp(b, zip_magic, len) == 0)
+      return 0;
+    if (memcmp(b, npy_magic, m) != 0)
+      return bad_magic(b, len, err, errlen);
     return 0;
   }
   if ((rc = parse_preamble(b, len, &off, &hl, err, errlen)) < 0)

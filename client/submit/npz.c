@@ -27,6 +27,7 @@
 #include <zip.h>
 
 #include "client/submit/npy.h"
+#include "client/submit/outfile.h"
 #include "dspk/errors.h"
 
 #define NPZ_ZIP_FUNCS(X)                                                       \
@@ -203,11 +204,8 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
       int e = errno;
-      return fail(err, errlen,
-                  e == ENOENT || e == ENOTDIR ? DSPK_ENOENT
-                  : e == EACCES || e == EPERM ? DSPK_EPERM
-                                              : DSPK_EIO,
-                  "%s: %s", dspk__npy_shown(path), strerror(e));
+      return fail(err, errlen, dspk__path_code(e), "%s: %s", dspk__npy_shown(path),
+                  strerror(e));
     }
     close(fd);
   }
@@ -240,7 +238,13 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
       goto out;
     }
     idx = Z.zip_get_num_entries(za, 0) - 1;
-    snprintf(label, sizeof label, "%s", path);
+    /* Errors name the member as FILE.npz:NAME would (NAME.npy as NAME). */
+    char *name = numpy_name(za, (zip_uint64_t)idx);
+    size_t nl = name != NULL ? strlen(name) : 0;
+    if (nl > 4 && strcmp(name + nl - 4, ".npy") == 0)
+      nl -= 4;
+    snprintf(label, sizeof label, "%s:%.*s", path, (int)nl, name != NULL ? name : "");
+    free(name);
   } else {
     if (member[0] == '\0') {
       rc = fail(err, errlen, DSPK_EINVAL, "%s: empty array name after ':'",

@@ -342,12 +342,18 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
 }
 
 /* v as a JSON number in the same fewest digits as the text line (a
- * value of dtype dt, or of each part's for c64 and c128), or null. */
+ * value of dtype dt, or of each part's for c64 and c128), and ".0" after
+ * an integral one written without a point or exponent, as every float of
+ * --json (cli.md, protocol.md's float rule): "3.0", and "-0.0", whose
+ * sign a JSON reader would drop from "-0" (an integer); or null. */
 static void json_num(FILE *f, double v, dspk_dtype dt) {
   char b[40];
   if (isfinite(v)) {
     dspk__sub_fmt_num(b, sizeof b, v, dt, false);
+    const char *digits = b + (b[0] == '-');
     fputs(b, f);
+    if (digits[strspn(digits, "0123456789")] == '\0')
+      fputs(".0", f);
   } else {
     fputs("null", f);
   }

@@ -119,10 +119,24 @@ static bool cap_fowner(void) {
   return (d[CAP_FOWNER / 32].effective >> (CAP_FOWNER % 32)) & 1u;
 }
 
+int dspk__path_code(int e) {
+  switch (e) {
+  case ENOENT:
+  case ENOTDIR:      /* a part of the path is a file: "a.npy/x.npy" */
+  case ELOOP:        /* a loop of symbolic links */
+  case ENAMETOOLONG: /* a name or path over the system's limit */
+    return DSPK_ENOENT;
+  case EACCES:
+  case EPERM:
+  case EROFS:
+    return DSPK_EPERM;
+  default:
+    return DSPK_EIO;
+  }
+}
+
 static int open_code(int e) {
-  return e == ENOENT ? DSPK_ENOENT
-         : e == EACCES || e == EPERM || e == EROFS ? DSPK_EPERM
-                                                   : DSPK_EIO;
+  return dspk__path_code(e);
 }
 
 static void seterr(char *err, size_t errlen, int e) {
@@ -403,6 +417,13 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
     return open_direct(o, path, true, err, errlen);
   }
   exists = stat(target, &st) == 0;
+  if (!exists && errno != ENOENT) {
+    /* A path that cannot lead to a file (a name over NAME_MAX, a part of
+     * it a file, a loop of links): found now, where the temporary beside
+     * it could still be made and the rename would fail after the work. */
+    e = errno;
+    goto fail;
+  }
   if (exists && !S_ISREG(st.st_mode)) {
     /* A FIFO, a device, a directory (which open refuses): written directly. */
     free(target);

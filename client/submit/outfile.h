@@ -37,10 +37,17 @@ typedef struct dspk__outfile {
   bool to_stdout; /* fd writes to standard output (-, /dev/stdout...) */
 } dspk__outfile;
 
+/* The dspk code for errno e of opening or creating a file by its path,
+ * the one rule of every input and output (cli.md ARRAYS): DSPK_ENOENT when
+ * the path leads to no file (ENOENT, ENOTDIR: a part of it is not a
+ * directory, ELOOP: a loop of symbolic links, ENAMETOOLONG), DSPK_EPERM
+ * when access is refused (EACCES, EPERM, EROFS), DSPK_EIO otherwise. */
+int dspk__path_code(int e);
+
 /* Opens path for writing ("-": standard output, which is never closed
- * here).  Returns 0, or a negative dspk code (DSPK_ENOENT: no such
- * directory; DSPK_EPERM: permission denied; DSPK_EIO otherwise) with
- * strerror's text in err; nothing is left open or created on failure. */
+ * here).  Returns 0, or a negative dspk code (dspk__path_code's, or
+ * DSPK_EPERM for a file the rename could not replace) with strerror's
+ * text in err; nothing is left open or created on failure. */
 int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
                        size_t errlen);
 

@@ -1056,10 +1056,38 @@ def value_text(cli, tmp):
         for t in texts:
             check(np_type(t) in a, "%s: %s is not one of %r" % (dt, t, a))
         out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
-        check('"head":[%s]' % ",".join(texts) in out, "%s --json: %r, want head %s"
-              % (dt, out, texts))
+        # --json's floats have ".0" after an integral value (16777216.0).
+        jtexts = [t + ".0" if re.fullmatch(r"-?[0-9]+", t) else t for t in texts]
+        check('"head":[%s]' % ",".join(jtexts) in out, "%s --json: %r, want head %s"
+              % (dt, out, jtexts))
         check([np_type(v) for v in json.loads(out)["outputs"][0]["head"]] == list(a),
               "%s --json head values: %r" % (dt, out))
+    # Probe 19 D4: integral values in --json's head are written as every
+    # float of --json is (cli.md: "`.0` after an integral one", as trace's
+    # seconds): 3.0, not 3, and -0.0, not -0 (which a JSON reader takes as
+    # the integer 0, its sign lost); the text line stays numpy's "3", "-0".
+    for dt, np_type in (("<f4", np.float32), ("<f8", np.float64), ("<c8", np.complex64),
+                        ("<c16", np.complex128)):
+        a = np.zeros(8, dt)
+        a.real = [0.0, 3.0, -0.0, -7.0, 1e16, 2.5, 1024.0, 1e-45 if dt == "<f4" else 1e-320]
+        if dt in ("<c8", "<c16"):
+            a.imag = [-0.0, 1.0, 0.0, 0.5, 0, 0, 0, -0.0]
+        p = os.path.join(tmp, "int_%s.npy" % dt[1:])
+        np.save(p, a)
+        out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
+        head = re.search(r'"head":(\[[^{}]*\])\}', out)
+        check(head and not re.search(r"(?<![\d.e+-])-?\d+(?=[,\]])", head.group(1)),
+              "%s --json: an integral value without .0: %r" % (dt, out))
+        vals = json.loads(out)["outputs"][0]["head"]
+        flat = [x for v in vals for x in (v if isinstance(v, list) else [v])]
+        check(all(type(x) is float for x in flat), "%s --json: not floats: %r" % (dt, vals))
+        want = [x for v in a for x in ((v.real, v.imag) if np.iscomplexobj(a) else (v,))]
+        part = np.float32 if dt in ("<f4", "<c8") else np.float64
+        check([part(x).tobytes() for x in flat] == [part(x).tobytes() for x in want],
+              "%s --json head: %r, want %r" % (dt, flat, want))
+        text = cli.ok("map", "scale", p, "--alpha", "1")
+        check(" 3" in text and ", -0" in text and ".0" not in text,
+              "%s: the text line changed: %r" % (dt, text))
     c = np.array([complex(1 / 3, -0.1)], "<c8")
     p = os.path.join(tmp, "val_c8.npy")
     np.save(p, c)
@@ -1338,8 +1366,10 @@ def suite_errors(cli, tmp):
     cli.fails(["map", "abs", lbad], "map", "EINVAL", detail="%s: malformed .npy header" % lbad)
     cli.fails(["map", "abs", large, "-o", tmp], "map", "EINVAL", rc_want=2,
               detail="-o %s: is a directory" % tmp)
-    cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "EIO",
-              detail=os.path.join(a34, "x.npy"))
+    # A file as the output's directory: the path leads to no directory,
+    # ENOENT (cli.md ARRAYS; it was EIO before probe 19 D1).
+    cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "ENOENT",
+              detail=os.path.join(a34, "x.npy") + ": Not a directory")
 
     def fsize_limit():  # writes past 64 KiB fail with EFBIG, as on a full disk
         import resource
@@ -2088,6 +2118,25 @@ def suite_shell(cli, tmp, dspkd):
     np.savez(one, only=a)
     cli.ok("gemm", one, fb, "-o", out)
     close_to(np.load(out), ref_ab, "gemm from a one-array npz")
+    # Probe 19 D5: an .npz on standard input, or named as a .npy, is told
+    # as a zip archive with what to give instead; the only member of an
+    # archive that is no .npy is named.
+    with open(one, "rb") as f:
+        zbytes = f.read()
+    cli.fails(["reduce", "sum", "-"], "reduce", "EINVAL", data=zbytes,
+              detail="<stdin>: not a .npy file but a zip archive (an .npz?): give it as a "
+                     "file named FILE.npz")
+    asnpy = os.path.join(tmp, "really_npz.npy")
+    with open(asnpy, "wb") as f:
+        f.write(zbytes)
+    cli.fails(["reduce", "sum", asnpy], "reduce", "EINVAL",
+              detail="%s: not a .npy file but a zip archive" % asnpy)
+    txt = os.path.join(tmp, "txt.npz")
+    import zipfile
+    with zipfile.ZipFile(txt, "w") as zf:
+        zf.writestr("x.npy", b"no npy in here")
+    cli.fails(["reduce", "sum", txt], "reduce", "EINVAL",
+              detail="%s:x: not a .npy file (bad magic)" % txt)
     # A member name with a control character, as numpy.savez stores it
     # (ASCII, no UTF-8 flag): found as numpy finds it, and listed escaped
     # (cli.md's one rule), not as a cp437 glyph (ESC was shown as U+2190).
@@ -2599,6 +2648,7 @@ def suite_help(cli, tmp):
     out = cli.ok("--version", sock=False)
     check(re.fullmatch(r"dspk-submit \S+\n", out), "--version %r" % out)
     help_matches_doc(cli)
+    parser_options_documented(cli, tmp)
     repeated_options(cli)
     outputs_before_work(cli, tmp)
     kernel_same_output(cli, tmp)
@@ -3001,6 +3051,15 @@ def command_line_messages(cli, tmp):
               detail="unknown option '--nosuch'")
     cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="empty --socket path")
+    # Probe 19 D2: a lone '@' names no socket either: a bad command line
+    # (exit 2, no COMMAND prefix) however spelled and whatever COMMAND; in
+    # $DSPK_SOCKET it is the refusal on connecting (exit 1).
+    for args in (["-S", "@", "ping"], ["--socket=@", "status"], ["-S@", "devices"],
+                 ["--sock", "@", "gemm", "a.npy", "b.npy"]):
+        cli.fails(args, None, "EINVAL", rc_want=2, sock=False,
+                  detail="--socket '@': abstract socket name after '@' is empty")
+    cli.fails(["ping"], "ping", "EINVAL", sock=False, env=dict(os.environ, DSPK_SOCKET="@"),
+              detail="cannot connect to @: $DSPK_SOCKET: abstract socket name after '@' is empty")
     d = os.path.join(tmp, "notsock")
     os.mkdir(d)
     reg = os.path.join(d, "file")
@@ -3165,6 +3224,44 @@ def outputs_before_work(cli, tmp):
         cli.fails(nosock + args, args[0], "ENOENT", sock=False,
                   detail="%s: No such file or directory" % bad)
     check(not os.path.exists(os.path.join(tmp, "no")), "a directory was created")
+    # Probe 19 D1: a path that leads to no file for another reason than a
+    # missing directory (a part of it is a file, a loop of symbolic links,
+    # a name over NAME_MAX) is ENOENT too, with the system's words, not
+    # EIO (which cli.md keeps for writes that fail): for every output (the
+    # compute commands, kernel -o, trace -o) and every input (a .npy, an
+    # .npz, kernel's SOURCE).
+    afile = os.path.join(tmp, "afile")
+    with open(afile, "w") as f:
+        f.write("old\n")
+    loop1, loop2 = os.path.join(tmp, "loop1"), os.path.join(tmp, "loop2")
+    os.symlink("loop2", loop1)
+    os.symlink("loop1", loop2)
+    longname = os.path.join(tmp, "n" * 300 + ".npy")
+    unreachable = ((afile + "/x.npy", "Not a directory"), (afile + "/", "Not a directory"),
+                   (loop1, "Too many levels of symbolic links"),
+                   (loop1 + "/x.npy", "Too many levels of symbolic links"),
+                   (longname, "File name too long"))
+    for bad, why in unreachable:
+        for args in (["map", "abs", a, "-o", bad], ["gemm", a, a, "-o", bad],
+                     ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                      a, "-o", bad],
+                     ["trace", "-o", bad, "--seconds", "600"]):
+            cli.fails(nosock + args, args[0], "ENOENT", sock=False,
+                      detail="%s: %s" % (bad, why))
+        if bad.endswith("/"):
+            continue  # as an input, "afile/" names a directory (a bad command line)
+        for args in (["map", "abs", bad],
+                     ["kernel", bad, "--entry", "main", "--grid", "1", "--block", "1"]):
+            cli.fails(nosock + args, args[0], "ENOENT", sock=False, detail=why)
+    zloop = os.path.join(tmp, "zloop.npz")
+    os.symlink("zloop.npz", zloop)
+    for z, why in ((afile + "/x.npz", "Not a directory"),
+                   (zloop, "Too many levels of symbolic links")):
+        for spec in (z, z + ":x"):
+            cli.fails(nosock + ["reduce", "sum", spec], "reduce", "ENOENT", sock=False,
+                      detail="%s: %s" % (z, why))
+    with open(afile) as f:
+        check(f.read() == "old\n", "the file in the unreachable paths was changed")
     # A writable file in a directory that is not: it cannot be replaced
     # whole, so the command says why (EPERM) and leaves it.
     rod = os.path.join(tmp, "rod")
@@ -3186,6 +3283,16 @@ def outputs_before_work(cli, tmp):
                   detail="%s: cannot create a temporary file in %s to replace it" % (x, rod))
         with open(x, "rb") as f:
             check(f.read() == b"old", "the file in a read-only directory was changed")
+        # An input that may not be read is EPERM, kernel's SOURCE as a .npy
+        # (probe 19 D1: SOURCE was EIO).
+        secret = os.path.join(tmp, "secret.comp")
+        with open(secret, "w") as f:
+            f.write("void main() {}\n")
+        os.chmod(secret, 0)  # unreadable to its owner, and to nobody when root
+        for args in (["kernel", secret, "--entry", "main", "--grid", "1", "--block", "1"],
+                     ["map", "abs", secret]):
+            cli.fails(nosock + args, args[0], "EPERM", sock=False, preexec_fn=preexec,
+                      detail="%s: Permission denied" % secret)
         # Another user's file in a sticky directory (/tmp): the temporary
         # can be made, but the rename over the file would be refused, so it
         # fails at once (before connecting), not with EIO after the work.
@@ -3265,6 +3372,84 @@ def help_matches_doc(cli):
     check("KiB" in cli.ok("ping", "--help", sock=False), "ping --help omits KiB")
     for c in ("ping", "kernel"):
         check("units" in cli.ok(c, "--help", sock=False), "%s --help omits the units" % c)
+
+
+def parser_options_documented(cli, tmp):
+    """Probe 19 D3: every option the parser accepts (the tables that
+    --list-options prints, each command's and subcommand's and
+    dspk-submit's own) is in the command's --help options block, in its
+    section of docs/cli.md and of the man page made from it (md2scd.py),
+    with its short letter where it has one ("-a, --all", "-a/--all")."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    md_path = os.path.join(here, "..", "..", "docs", "cli.md")
+    scd_path = os.path.join(tmp, "dspk-submit.1.scd")
+    subprocess.run([sys.executable, os.path.join(here, "..", "..", "man", "md2scd.py"),
+                    md_path, scd_path], check=True)
+
+    def sections(text, top, sub):
+        """{name: text}: each subsection (a command's, its first word the
+        name, the same name's subsections joined) and each section (its
+        whole title), with backticks, bold and escapes taken out."""
+        text = re.sub(r"\\(.)", r"\1", text.replace("`", "").replace("*", ""))
+        out = {}
+        heads = list(re.finditer(r"^(#+) (.*)$", text, re.M))
+        for i, m in enumerate(heads):
+            end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+            if m.group(1) == top:
+                out[m.group(2)] = text[m.start():end]
+            elif m.group(1) == sub:
+                name = m.group(2).split()[0]
+                out[name] = out.get(name, "") + text[m.start():end]
+        return out
+
+    with open(md_path) as f:
+        docs = {"cli.md": sections(f.read(), "##", "###")}
+    with open(scd_path) as f:
+        docs["the man page"] = sections(f.read(), "#", "##")
+    compute = ("gemm", "fft", "fir", "contract", "reduce", "map")
+
+    def named(text, long, short):
+        if short:
+            return re.search(r"(?<![\w-])-%s(,\s+|/)--%s(?![\w-])" % (short, long), text)
+        return re.search(r"(?<![\w-])--%s(?![\w-])" % long, text)
+
+    def table(*words):
+        out = cli.ok("--list-options", *words, sock=False)
+        rows = [line.split() for line in out.splitlines()]
+        check(rows and all(len(r) == 3 for r in rows), "--list-options %s: %r" % (words, out))
+        return [(r[0][2:], r[1][1:] if r[1] != "-" else None) for r in rows]
+
+    top = cli.ok("--help", sock=False)
+    cmds = re.findall(r"^  ([a-z]+) ", top.split("Commands:")[1], re.M)
+    check(len(cmds) >= 15, "commands from --help: %r" % cmds)
+    lines = [(None, top, table())]
+    for c in cmds:
+        h = cli.ok(c, "--help", sock=False)
+        # A command with subcommands (cache, job) takes --help alone before
+        # one: the subcommands' tables, from its usage lines.
+        subs = re.findall(r"dspk-submit %s ([a-z]+)\b" % c, h) \
+            if table(c) == [("help", "h")] else []
+        check(c not in ("cache", "job") or len(subs) == 2, "%s: subcommands %r" % (c, subs))
+        for words in [(c, s) for s in subs] or [(c,)]:
+            lines.append((c, h, table(*words)))
+    missing = []
+    for c, h, opts in lines:
+        for long, short in opts:
+            if long == "help" and c is not None:
+                continue  # every command's -h/--help: GLOBAL OPTIONS says so once
+            # --help's options block: "  -a, --all ..." or "      --json ...".
+            pat = (r"^\s+-%s, --%s\b" % (short, long)) if short else (r"^\s+--%s\b" % long)
+            if not re.search(pat, h, re.M):
+                missing.append("%s --help lacks %s" % (c or "dspk-submit", pat))
+            for doc, secs in docs.items():
+                text = secs.get(c, "") if c else secs["GLOBAL OPTIONS"]
+                if c in compute:
+                    text += secs["OPTIONS OF THE COMPUTE COMMANDS"]
+                if not named(text, long, short):
+                    missing.append("%s's %s section lacks %s--%s" % (
+                        doc, c or "GLOBAL OPTIONS", "-%s with " % short if short else "", long))
+    check(not missing, "options the parser takes but the docs do not name:\n  " +
+          "\n  ".join(missing))
 
 
 def repeated_options(cli):

@@ -492,10 +492,13 @@ static void test_malformed_headers(void **state) {
              4, DSPK_ELIMIT, "more than 8");
   expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
                 "(4294967296, 4294967296, 16)}",
-             4, DSPK_ELIMIT, "too large");
+             4, DSPK_ELIMIT,
+             "array too large: shape (4294967296, 4294967296, 16) of f32 is 1.18e+21 bytes, "
+             "over the limit of 18446744073709551615 bytes");
   expect_mem(1, "{'descr': '<c16', 'fortran_order': False, 'shape': "
                 "(1152921504606846976,)}",
-             4, DSPK_ELIMIT, "too large");
+             4, DSPK_ELIMIT,
+             "array too large: shape (1152921504606846976,) of c128 is 1.84e+19 bytes");
 
   /* Data length must match exactly. */
   expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4)}",
@@ -541,7 +544,23 @@ static void test_malformed_preamble(void **state) {
   len = image(buf, 2, h, 4);
   buf[10] = 0x10; /* ~1 MiB */
   assert_int_equal(mem_load(buf, len, err), DSPK_ELIMIT);
-  assert_non_null(strstr(err, "limit"));
+  /* Over the limit, not malformed: its size and the limit (probe 19 D5). */
+  if (strstr(err, "header of 1048631 bytes, over the limit of 65536 bytes") == NULL ||
+      strstr(err, "malformed") != NULL)
+    fail_msg("header over the limit: '%s'", err);
+  /* A zip archive (an .npz) where a .npy is read says so and what to give,
+   * its end record too (an empty archive); other bytes are a bad magic. */
+  static const unsigned char zips[][8] = {{'P', 'K', 3, 4, 20, 0, 0, 0},
+                                          {'P', 'K', 5, 6, 0, 0, 0, 0}};
+  for (size_t z = 0; z < 2; z++) {
+    assert_int_equal(mem_load(zips[z], 8, err), DSPK_EINVAL);
+    if (strstr(err, "mem.npy: not a .npy file but a zip archive (an .npz?): give it as "
+                    "a file named FILE.npz") == NULL)
+      fail_msg("zip %zu: '%s'", z, err);
+  }
+  assert_int_equal(mem_load((const unsigned char *)"PK\x03\x05" "abcdefgh", 12, err),
+                   DSPK_EINVAL);
+  assert_non_null(strstr(err, "not a .npy file (bad magic)"));
   len = image(buf, 2, h, 4);
   assert_int_equal(mem_load(buf, len, err), 0);
   assert_int_equal(mem_load(buf, 11, err), DSPK_EINVAL);
@@ -628,6 +647,9 @@ static const char npz_py[] =
     "    with zipfile.ZipFile(d + '/both.npz', 'w') as z:\n"
     "        z.writestr('y.npy', npy(a))\n"
     "        z.writestr('y', npy(b))\n"
+    "# The only member, not a .npy (probe 19 D5: its error names it).\n"
+    "with zipfile.ZipFile(d + '/txt.npz', 'w') as z:\n"
+    "    z.writestr('x.npy', b'hello, no npy here')\n"
     "z = np.load(d + '/dup.npz')\n"
     "assert z['x'].dtype == c.dtype and (z['x'] == c).all()\n"
     "z = np.load(d + '/both.npz')\n"
@@ -682,6 +704,8 @@ static void test_npz(void **state) {
   npz_ok("one.npz:only", DSPK_F64, 2, sc);
   npz_fail("zs.npz:bad", DSPK_EINVAL, "zs.npz:bad: not a .npy file");
   npz_fail("zd.npz:bad", DSPK_EINVAL, "bad magic");
+  /* FILE.npz alone: the error names its only member as FILE.npz:NAME. */
+  npz_fail("txt.npz", DSPK_EINVAL, "txt.npz:x: not a .npy file");
   npz_fail("crc.npz:c", DSPK_EINVAL, "crc.npz:c: CRC");
   npz_fail("notzip.npz:a", DSPK_EINVAL, "zip archive");
   npz_fail("missing.npz:a", DSPK_ENOENT, "missing.npz");
@@ -750,6 +774,35 @@ static void test_fd_streams(void **state) {
   close(fds[0]);
   if (strstr(err, "<stdin>") == NULL || strstr(err, "data size") == NULL)
     fail_msg("truncated stream: '%s'", err);
+  /* An .npz on standard input, even one byte at a time, is told as a zip
+   * archive (probe 19 D5), as is one that ends inside the zip magic not. */
+  for (int step = 1; step <= 8; step += 7) {
+    static const unsigned char zip[8] = {'P', 'K', 3, 4, 20, 0, 0, 0};
+    assert_int_equal(pipe(fds), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      close(fds[0]);
+      for (int i = 0; i < 8; i += step)
+        if (write(fds[1], zip + i, (size_t)step) < 0)
+          _exit(1);
+      _exit(0);
+    }
+    close(fds[1]);
+    assert_int_equal(dspk__npy_load_fd(fds[0], "<stdin>", &b, err, sizeof err),
+                     DSPK_EINVAL);
+    close(fds[0]);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    if (strstr(err, "<stdin>: not a .npy file but a zip archive") == NULL)
+      fail_msg("zip stream, step %d: '%s'", step, err);
+  }
+  assert_int_equal(pipe(fds), 0);
+  assert_int_equal(write(fds[1], "PK", 2), 2);
+  close(fds[1]);
+  assert_int_equal(dspk__npy_load_fd(fds[0], "<stdin>", &b, err, sizeof err), DSPK_EINVAL);
+  close(fds[0]);
+  if (strstr(err, "<stdin>: not a .npy file (bad magic)") == NULL)
+    fail_msg("'PK' alone: '%s'", err);
   free(hdr);
 }
 

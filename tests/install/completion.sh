@@ -131,6 +131,9 @@ done
 complete_is "dspk-submit gemm a" a.npy
 complete_is "dspk-submit --socket /x fft " a.npy b.npy
 complete_is "dspk-submit kernel --lang " cuda glsl
+# Its short letter too, as the table gives it (probe 19 D3).
+complete_is "dspk-submit kernel -l " cuda glsl
+complete_is "dspk-submit kernel x.cu -e k -l " hip spirv
 # A non-.npy file is not offered as an array.
 complete_is "dspk-submit gemm n"
 [[ ${#COMPREPLY[@]} -eq 0 ]] || { echo "FAIL: notes.txt offered as an array"; bad=1; }
