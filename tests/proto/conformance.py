@@ -4004,6 +4004,49 @@ def device_order(env):
     expect(c.call("buffer.write", {"buffer": 987654, "data": big}), "ENOBUF")
 
 
+@case("buffer.write: one refused is answered its error, its data dropped, whatever its size",
+      daemon="partial")
+def write_refused(env):
+    # max_user_partial 1 MiB: a 2 MiB write not received in place could not
+    # be read whole; one the daemon refuses (the head tells) is answered its
+    # own error and the connection stays open, as Malformed input promises
+    c = env.conn()
+    n = 2 << 20
+    data = os.urandom(n)
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n})["buffer"]
+    expect(c.call("buffer.write", {"buffer": b, "offset": 1, "data": data}), "ERANGE",
+           "writing %d bytes at offset 1 overruns buffer %d of %d bytes" % (n, b, n))
+    expect(c.call("buffer.write", {"buffer": b, "offset": n + 1, "data": data}), "ERANGE",
+           "offset %d is past the end" % (n + 1))
+    expect(c.call("buffer.write", {"buffer": b + 1000, "data": data}), "ENOBUF",
+           "no buffer %d" % (b + 1000))
+    expect(c.call("buffer.write", {"buffer": b, "offset": -1, "data": data}), "EINVAL",
+           "offset", "the integer -1")
+    expect(c.call("buffer.write", {"offset": "0", "buffer": b, "data": data}), "EINVAL",
+           "offset", "a string of 1 byte")
+    expect(c.call("buffer.write", {"data": data}), "EINVAL", "buffer: required")
+    expect(c.call("buffer.write", {"buffer": 1.0, "junk": [1, {"a": None}], "data": data}),
+           "EINVAL", "buffer", "the float 1.0")
+    # pipelined: each answered in turn, the ping behind them too
+    ms = [c.request("buffer.write", {"buffer": b + 7, "data": data}) for _ in range(3)]
+    m = c.request("ping", {"data": b"after"})
+    for x in ms:
+        expect(c.wait(x), "ENOBUF")
+    check(c.wait(m) == ("ok", {"data": b"after"}), "the ping behind the refused writes")
+    # cut off in its data: the daemon waits for the rest, the client's end
+    # of stream inside the message closes it without an answer
+    still_open(c)
+    c.ok("buffer.write", {"buffer": b, "data": data})
+    check(c.ok("buffer.read", {"buffer": b, "offset": n - 8})["data"] == data[-8:],
+          "a good write still lands after the refused ones")
+    d = env.conn()
+    frame = req(5, "buffer.write", {"buffer": 99, "data": data})
+    d.send(frame[:len(frame) // 2])
+    d.s.shutdown(socket.SHUT_WR)
+    d.expect_close()
+    check(not d.responses, "no answer to a request cut off: %r" % (d.responses,))
+
+
 @case("buffer.write: received in place only when no earlier request still uses the buffer")
 def inplace_order(env):
     c = env.conn()
