@@ -3529,6 +3529,69 @@ def cancel_kinds(env):
 
 # ---- admin, cache, metrics, trace, jobs
 
+@case("status: completed and failed count what a device took; a request canceled or "
+      "dropped while queued counts in neither", daemon="counts")
+def status_counts(env):
+    c = env.conn()
+
+    def counts(conn):
+        d = [x for x in conn.ok("status")["devices"] if x["id"] == "cpu:0"][0]
+        return d["queued"], d["running"], d["completed"], d["failed"]
+
+    def settled(conn, before):
+        # polled until the device has nothing queued or running (the answers
+        # of a closed connection's requests come to no one)
+        for _ in range(20000):
+            q, r, done, failed = counts(conn)
+            if q == 0 and r == 0:
+                return done - before[2], failed - before[3]
+        raise Fail("the device never settled")
+
+    n = 1536
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": struct.pack("<d", 1.0) * (n * n)})
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    run = {"op": "gemm", "device": "cpu:0", "inputs": [A, A]}
+    base = counts(c)
+    # a request refused before it reached the device: in neither
+    expect(c.call("task.run", dict(run, inputs=[A])), "EINVAL")
+    check(settled(c, base) == (0, 0), "refused requests counted: %r" % (settled(c, base),))
+    # one running, two queued behind it: the queued ones canceled count in
+    # neither, the running one canceled counts as failed
+    t1 = c.request("task.run", run)
+    t2 = c.request("task.run", run)
+    t3 = c.request("task.run", run)
+    while True:
+        q, r, _, _ = counts(c)
+        if r == 1 and q == 2:
+            break
+        check(not c.responses.get(t1), "the long gemm ended before it could be canceled")
+    for m in (t3, t2, t1):
+        check(c.ok("task.cancel", {"msgid": m}) == {"canceled": True}, "canceled %d" % m)
+    got = [c.wait(m)[0] for m in (t1, t2, t3)]
+    check(got == ["ECANCELED"] * 3, "answers %r" % (got,))
+    check(settled(c, base) == (0, 1), "counted (completed, failed) %r, expected (0, 1)"
+          % (settled(c, base),))
+    # a connection closed with one running and two queued: the same
+    d = env.conn()
+    bd = d.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8})["buffer"]
+    Ad = {"buffer": bd, "dtype": "f64", "shape": [n, n]}
+    mid = counts(c)
+    for _ in range(3):
+        d.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [Ad, Ad]})
+    while True:
+        q, r, _, _ = counts(c)
+        if r == 1 and q == 2:
+            break
+    d.close()
+    check(settled(c, mid) == (0, 1), "after the close (completed, failed) %r, expected (0, 1)"
+          % (settled(c, mid),))
+    # and one that ends well: completed
+    small = {"op": "map", "device": "cpu:0", "inputs": [t32([1.0])], "options": {"fn": "abs"}}
+    c.ok("task.run", small)
+    check(settled(c, mid) == (1, 1), "a task that ended well: %r" % (settled(c, mid),))
+
+
 @case("task.cancel: ECANCELED only for work that stopped; work that completed answers as "
       "usual, on every backend")
 def cancel_done(env):
@@ -4514,6 +4577,7 @@ def main():
                "deep": (["--max-depth", "40"], "cpu"),
                "quota": (["--max-conn-memory", "64K", "--max-user-memory", "96K"], "cpu"),
                "partial": (["--max-user-partial", "1M"], "cpu"),
+               "counts": ([], "cpu"),
                "jobs": ([], "cpu,vulkan"),
                "stop": ([], "cpu"),
                "progress": (["--cache", os.path.join(tmp, "progress.db")], "cpu"),
