@@ -1976,6 +1976,65 @@ def gpu_and_cpu_devices(c):
     return devs
 
 
+@case("task.run: map abs of a complex within 1 ulp of its modulus on cpu and Vulkan "
+      "devices, numpy's special values on every backend")
+def map_cabs(env):
+    c = env.conn()
+    rng = __import__("random").Random(19)
+    F = fractions.Fraction
+    for dt, fmt, span, p, emin in (("c64", "f", 30, 24, -149), ("c128", "d", 300, 53, -1074)):
+        n = 4000
+        z = []
+        for i in range(n):
+            x = 10.0 ** rng.uniform(-span, span)
+            y = x * rng.uniform(0.5, 1.5) if i % 4 == 1 else 10.0 ** rng.uniform(-span, span)
+            if i % 8 == 2:  # subnormal parts
+                x, y = (rng.randint(1, 10 ** 6) * 2.0 ** emin for _ in range(2))
+            z.append((rng.choice((-1, 1)) * x, rng.choice((-1, 1)) * y))
+        # the dtype's own values (c64: rounded to f32)
+        z = [struct.unpack("<2" + fmt, struct.pack("<2" + fmt, *v)) for v in z]
+        t = {"dtype": dt, "shape": [n], "data": b"".join(struct.pack("<2" + fmt, *v) for v in z)}
+        for dev in gpu_and_cpu_devices(c):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t],
+                                  "options": {"fn": "abs"}})
+            out = r["outputs"][0]
+            check(out["dtype"] == ("f32" if dt == "c64" else "f64"), "%s abs dtype" % dev)
+            got = vals32(out) if dt == "c64" else vals64(out)
+            if dev not in ("cpu:0", "vulkan:0"):
+                continue  # cuda, hip: the device's hypot, not measured
+            for (x, y), g in zip(z, got):
+                # exact: |g - |z|| <= ulp(|z|), as (g -+ u)^2 against x^2 + y^2
+                w = math.hypot(x, y)
+                u = F(2) ** max(math.frexp(w)[1] - p, emin)
+                sq = F(x) ** 2 + F(y) ** 2
+                lo, hi = F(g) - u, F(g) + u
+                check((lo <= 0 or lo * lo <= sq) and sq <= hi * hi,
+                      "%s abs(complex(%r, %r)) %s = %r, not within 1 ulp of %r"
+                      % (dev, x, y, dt, g, w))
+    # numpy's special values (C's hypot), on every backend
+    inf, nan = math.inf, math.nan
+    sp = [(inf, nan), (nan, -inf), (nan, 1), (1, nan), (-0.0, -0.0), (0, -3), (-5, 0), (3, 4),
+          (2e38, 2e38), (1e-45, 1e-45)]
+    for dt, fmt in (("c64", "f"), ("c128", "d")):
+        vals = sp + ([(1e308, 1e308), (1e-320, 1e-320)] if fmt == "d" else [])
+        t = {"dtype": dt, "shape": [len(vals)],
+             "data": b"".join(struct.pack("<2" + fmt, *v) for v in vals)}
+        for dev in gpu_and_cpu_devices(c):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t],
+                                  "options": {"fn": "abs"}})
+            got = vals32(r["outputs"][0]) if fmt == "f" else vals64(r["outputs"][0])
+            for (x, y), g in zip(vals, got):
+                xs, ys = struct.unpack("<2" + fmt, struct.pack("<2" + fmt, x, y))
+                w = math.hypot(xs, ys)
+                if fmt == "f" and w >= 2.0 ** 128 - 2.0 ** 103:
+                    w = inf
+                elif fmt == "f" and w != 0 and math.isfinite(w):
+                    w = struct.unpack("<f", struct.pack("<f", w))[0]
+                ok = math.isnan(g) if math.isnan(w) else g == w and math.copysign(1, g) == 1
+                check(ok, "%s abs(complex(%r, %r)) %s = %r, numpy %r" % (dev, xs, ys, dt, g, w))
+    still_open(c)
+
+
 @case("task.run: reduce's sum and mean within their stated bounds, contract's complex "
       "infinities as numpy's, on every backend")
 def sums_and_infinities(env):
