@@ -2035,6 +2035,86 @@ def map_cabs(env):
     still_open(c)
 
 
+@case("task.run: reduce's partial sums past the range: inf or NaN where they are kept in "
+      "the dtype (f32 and c64 on Vulkan devices, f64 and c128 everywhere), finite in double")
+def reduce_overflow(env):
+    c = env.conn()
+    inf = math.inf
+    big = struct.unpack("<f", struct.pack("<f", 3e38))[0]
+
+    def red(dev, t, fn="sum", axes=None):
+        o = {"fn": fn} if axes is None else {"fn": fn, "axes": axes}
+        r = c.ok("task.run", {"op": "reduce", "device": dev, "inputs": [t], "options": o})
+        out = r["outputs"][0]
+        v = vals32(out) if out["dtype"] in ("f32", "c64") else vals64(out)
+        return [complex(v[i], v[i + 1]) for i in range(0, len(v), 2)] \
+            if out["dtype"][0] == "c" else v
+
+    alt = t32([3e38, -3e38] * 4096)
+    for dev in gpu_and_cpu_devices(c):
+        vk = dev.startswith("vulkan")
+        f32 = inf if vk else big
+        check(red(dev, t64([1.7e308, 1.7e308, -1.7e308])) == [inf], "%s f64 sum" % dev)
+        check(red(dev, t32([3e38, 3e38, -3e38])) == [f32], "%s f32 sum" % dev)
+        check(red(dev, t32([3e38, 3e38]), "mean") == [f32], "%s f32 mean" % dev)
+        check(red(dev, t32([3e38, 3e38, -3e38], [3, 1]), axes=[0]) == [f32], "%s axis 0" % dev)
+        cx = {"dtype": "c64", "shape": [3],
+              "data": struct.pack("<6f", 3e38, 1, 3e38, 0, -3e38, 0)}
+        check(red(dev, cx) == [complex(f32, 1)], "%s c64 sum: %r" % (dev, red(dev, cx)))
+        got = red(dev, alt)[0]
+        check(math.isnan(got) if vk else got == 0, "%s alternating 3e38: %r" % (dev, got))
+        got = red(dev, t64([-1.7e308, -1.7e308, 1.7e308, 1.7e308] + [0] * 8188))[0]
+        if dev == "cpu:0" or vk:
+            check(math.isnan(got) if dev == "cpu:0" else got == 0, "%s f64 order: %r" % (dev, got))
+
+
+@case("task.run: subnormal products in gemm and contract within K/2 units of the smallest "
+      "subnormal of the exact sum; reduce's subnormal sums exact")
+def subnormal_terms(env):
+    c = env.conn()
+    F = fractions.Fraction
+    names = {d["id"]: d.get("name", "") for d in c.ok("devices")["devices"]}
+    for dev in gpu_and_cpu_devices(c):
+        # f32 subnormals are kept on cpu:0, cuda, hip and lavapipe (another
+        # Vulkan device may flush them: "Subnormal values"); f64 everywhere
+        keeps32 = not dev.startswith("vulkan") or "llvmpipe" in names[dev].lower()
+        for dt, T, vals, eta, u in (("f32", t32, ([1e-30, 1e-30], [1e-15, 1e-15]), 2.0 ** -149,
+                                     F(1, 2 ** 24)),
+                                    ("f64", t64, ([2.0 ** -537] * 3, [0.7071 * 2.0 ** -537] * 3),
+                                     2.0 ** -1074, F(1, 2 ** 53))):
+            if dt == "f32" and not keeps32:
+                continue
+            a, b = vals
+            k = len(a)
+            ta, tb = T(a), T(b)
+            ra = vals32(ta) if dt == "f32" else vals64(ta)
+            rb = vals32(tb) if dt == "f32" else vals64(tb)
+            exact = sum(F(x) * F(y) for x, y in zip(ra, rb))
+            bound = k * u * exact + F(k + 2, 2) * F(eta)
+            r = c.ok("task.run", {"op": "contract", "device": dev, "inputs": [ta, tb],
+                                  "options": {"subscripts": "k,k->"}})["outputs"][0]
+            g1 = (vals32(r) if dt == "f32" else vals64(r))[0]
+            r = c.ok("task.run", {"op": "gemm", "device": dev,
+                                  "inputs": [T(a, [1, k]), T(b, [k, 1])]})["outputs"][0]
+            g2 = (vals32(r) if dt == "f32" else vals64(r))[0]
+            for what, g in (("contract", g1), ("gemm", g2)):
+                check(abs(F(g) - exact) <= bound, "%s %s %s: %r, exact %r (%r units)"
+                      % (dev, what, dt, g, float(exact), float(exact / F(eta))))
+                if dt == "f32" and dev in ("cpu:0", "vulkan:0"):
+                    check(g == 2 * eta, "%s %s f32: %r, the doc's 2 units" % (dev, what, g))
+        # reduce: additions with subnormal results are exact
+        rng = __import__("random").Random(5)
+        for dt, T, eta in (("f32", t32, 2.0 ** -149), ("f64", t64, 2.0 ** -1074)):
+            if dt == "f32" and not keeps32:
+                continue
+            ks = [rng.randint(1, 100) * rng.choice((-1, 1)) for _ in range(5000)]
+            r = c.ok("task.run", {"op": "reduce", "device": dev,
+                                  "inputs": [T([k * eta for k in ks])]})["outputs"][0]
+            g = (vals32(r) if dt == "f32" else vals64(r))[0]
+            check(g == sum(ks) * eta, "%s reduce %s of subnormals: %r, exact %r"
+                  % (dev, dt, g, sum(ks) * eta))
+
+
 @case("task.run: reduce's sum and mean within their stated bounds, contract's complex "
       "infinities as numpy's, on every backend")
 def sums_and_infinities(env):
