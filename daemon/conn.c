@@ -26,6 +26,14 @@
  * the client's into the socket and the kernel's out of it).  The head went
  * through the frame scanner as any frame does; the data is a bin, opaque
  * bytes that end the frame.  A job then answers it in its turn.
+ *
+ * A buffer.write refused before its data came: when such a head (the data
+ * last, 64 KiB or more, any other entries) is not received in place and
+ * its request would be refused anyway (its arguments, its buffer, its
+ * range: what the head tells), its data is read and dropped as it comes and
+ * the request is then answered its error, as a whole frame of it would be,
+ * instead of needing a read buffer for data that no one will use (which
+ * max_user_partial may not allow: probe 19 A1).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -566,8 +574,9 @@ static int notice_flush(struct conn *c) {
  * (ECONNRESET), and the client would lose the answers it has not read yet
  * (the stop's ESHUTDOWNs, a protocol.error).  At most 16 MiB: a client that
  * is still sending gets its reset. */
+static char sink[65536]; /* the loop thread's: bytes read to be dropped */
+
 static void discard_unread(struct conn *c) {
-  static char sink[65536]; /* the loop thread's */
   uv_os_fd_t fd;
   if (uv_fileno((const uv_handle_t *)&c->pipe, &fd) != 0)
     return;
@@ -598,6 +607,9 @@ void dspkd_conn_close(struct conn *c, const char *why) {
     dspkd_job_free(d, c->land.j);
     c->land.j = NULL;
   }
+  c->land.discard = false;     /* a refused one: its answer is not owed */
+  free(c->land.msg);
+  c->land.msg = NULL;
   dspkd_sched_cancel_all(d, c);
   /* Its answers' descriptors the client has not read (a notice written
    * after the answers parks them once they are written: the park shuts
@@ -665,6 +677,11 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     size_t left = c->land.len - c->land.got;
     *buf = uv_buf_init(c->land.dst + c->land.got,
                        (unsigned)(left < LAND_READ_MAX ? left : LAND_READ_MAX));
+    return;
+  }
+  if (c->land.discard) { /* a refused one's: dropped */
+    size_t left = c->land.len - c->land.got;
+    *buf = uv_buf_init(sink, (unsigned)(left < sizeof sink ? left : sizeof sink));
     return;
   }
   if (!may_read(c)) { /* paused: no larger buffer (see may_peek) */
@@ -768,6 +785,24 @@ have:
   buf->len = k->cap - k->end;
 }
 
+/* Answers a request that failed before it reached a device, by the one rule
+ * of every method: the client's own mistake a debug line only (which its
+ * answer tells it); the daemon's failure (out of memory, internal) at its
+ * level, limited per uid.  A refused task.run too, whose raw kernel has not
+ * been compiled yet.  No line when the method logged the refusal in its own
+ * (logged: struct req's). */
+static void conn_refused(struct conn *c, const char *method, size_t method_len,
+                         uint32_t msgid, int err, const char *msg, bool logged) {
+  enum dspkd_level lv = dspkd_log_fail_level(err, false);
+  if (!logged && dspkd_log_client_line_ok((long)c->uid, lv)) {
+    char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
+    dspkd_log(lv, "client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
+              dspkd_log_value(mv, sizeof mv, method, method_len), msgid,
+              dspk__err_name(err), msg);
+  }
+  dspkd_conn_send_error(c, msgid, err, msg);
+}
+
 /* Decodes one validated frame in place and runs its request.  end: the
  * stream position where the frame ends, when it is handled in its turn (0:
  * a task.cancel taken ahead of held frames, peek_cancels): the descriptors
@@ -847,22 +882,8 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     err = dspkd_dispatch(&r, m.method, m.method_len);
     if (end)
       dspkd_shm_drop_upto(c, end);
-    if (err < 0) {
-      /* Every method's failed request by the one rule: the client's own
-       * mistake a debug line only (which its answer tells it); the
-       * daemon's failure (out of memory, internal) at its level, limited
-       * per uid.  A request answered here reached no device: a refused
-       * task.run too, whose raw kernel has not been compiled yet.  Not
-       * when the method logged the refusal in its own line (r.logged). */
-      enum dspkd_level lv = dspkd_log_fail_level(err, false);
-      if (!r.logged && dspkd_log_client_line_ok((long)c->uid, lv)) {
-        char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
-        dspkd_log(lv, "client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
-                  dspkd_log_value(mv, sizeof mv, m.method, m.method_len), m.msgid,
-                  dspk__err_name(err), r.msg);
-      }
-      dspkd_conn_send_error(c, m.msgid, err, r.msg);
-    }
+    if (err < 0)
+      conn_refused(c, m.method, m.method_len, m.msgid, err, r.msg, r.logged);
   }
 out:
   if (end)
@@ -889,7 +910,7 @@ out:
 
 static bool may_peek(const struct conn *c) {
   return !c->closing && !c->d->stopping && !c->close_after_flush && !c->deferred &&
-         !c->eof && !c->land.j && c->unsent <= PEEK_UNSENT;
+         !c->eof && !c->land.j && !c->land.discard && c->unsent <= PEEK_UNSENT;
 }
 
 /* Whether a paused read has room (peek_alloc finds it without growing the
@@ -1127,24 +1148,99 @@ static void peek_cancels(struct conn *c) {
   dspkd_chunk_unref(k);
 }
 
+/* The incomplete frame at k->start (have bytes of it) is the head of a
+ * buffer.write whose data, 64 KiB or more, ends the frame, and is not
+ * received in place: when the ordinary path would refuse it (its arguments,
+ * its buffer, its range), its data is dropped as it comes (c->land.discard)
+ * and the request answered its error once all of it came (discard_end).
+ * The head is decoded, its bin emptied, once per frame. */
+static void conn_discard_refused(struct conn *c, struct rchunk *k) {
+  struct dspk__write_head h;
+  size_t have = k->end - k->start;
+  uint64_t start = c->rx_pos - have;
+  struct dspkd *d = c->d;
+  msgpack_object root;
+  struct dspk__msg m;
+  uint32_t msgid = 0;
+  bool has_msgid = false;
+  size_t off = 0;
+  char msg[64], *frame;
+  int err;
+
+  if (c->land.checked == start + 1 ||
+      !dspk__write_head_find(k->data + k->start, have, &c->lim, &h) || h.len < LAND_MIN ||
+      have >= h.head + h.len)
+    return;
+  c->land.checked = start + 1;
+  /* The head with an empty bin: a whole request, decoded as any. */
+  if (!(frame = malloc(h.bin_at + 2)))
+    return;
+  memcpy(frame, k->data + k->start, h.bin_at);
+  frame[h.bin_at] = (char)0xc4;
+  frame[h.bin_at + 1] = 0;
+  err = 0;
+  if (msgpack_unpack(frame, h.bin_at + 2, &off, &d->zone, &root) == MSGPACK_UNPACK_SUCCESS &&
+      dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg) >= 0) {
+    struct req r = {.c = c, .msgid = m.msgid, .args = m.args};
+    r.msg[0] = '\0';
+    if ((err = dspkd_write_refused(&r, h.len)) < 0) {
+      c->land.msg = strdup(r.msg);
+      c->land.msgid = m.msgid;
+    }
+  }
+  msgpack_zone_clear(&d->zone);
+  free(frame);
+  if (err >= 0)
+    return; /* a good request: the ordinary path */
+  c->frame_pos = start;
+  dspkd_shm_drop_stale(c);
+  c->land.discard = true;
+  c->land.err = err;
+  c->land.got = have - h.head;
+  c->land.len = h.len;
+  k->start = k->end;
+}
+
+/* All of a refused buffer.write's data came: its answer, as conn_frame
+ * gives it (the descriptors that came with the frame closed first). */
+static void discard_end(struct conn *c) {
+  static const char method[] = "buffer.write";
+  char *msg = c->land.msg;
+
+  c->land.discard = false;
+  c->land.msg = NULL;
+  c->requests++;
+  dspkd_shm_drop_upto(c, c->rx_pos);
+  conn_refused(c, method, sizeof method - 1, c->land.msgid, c->land.err,
+               msg ? msg : dspk__strerror(c->land.err), false);
+  free(msg);
+}
+
 /* An incomplete frame at k->start: when it is the head of a buffer.write
  * whose data can go straight into its buffer, the data read so far goes
  * there and the rest will follow it (on_alloc); the read buffer is then
- * empty.  The frame scanner has accepted the bytes so far. */
+ * empty.  The frame scanner has accepted the bytes so far.  Otherwise, a
+ * buffer.write the daemon refuses has its data dropped as it comes
+ * (conn_discard_refused). */
 static void conn_land(struct conn *c, struct rchunk *k) {
   struct dspk__write_head h;
   size_t have = k->end - k->start;
   char *dst;
 
-  if (c->land.j || have < 16 ||
-      !dspk__write_head_scan(k->data + k->start, have, &c->lim, &h) ||
-      h.len < LAND_MIN || have >= h.head + h.len)
+  if (c->land.j || c->land.discard || have < 16)
     return;
+  if (!dspk__write_head_scan(k->data + k->start, have, &c->lim, &h) || h.len < LAND_MIN ||
+      have >= h.head + h.len) {
+    conn_discard_refused(c, k);
+    return;
+  }
   /* As for any frame: fds that came before it were not sent with it. */
   c->frame_pos = c->rx_pos - have;
   dspkd_shm_drop_stale(c);
-  if (!(dst = dspkd_land_begin(c, &h)))
+  if (!(dst = dspkd_land_begin(c, &h))) {
+    conn_discard_refused(c, k);
     return;
+  }
   c->land.got = have - h.head;
   memcpy(dst, k->data + k->start + h.head, c->land.got);
   c->d->obs.bytes_in_place += c->land.got;
@@ -1337,7 +1433,7 @@ static void on_hup_poll(uv_timer_t *t) {
  * inside a message. */
 static void conn_eof_check(struct conn *c) {
   const struct rchunk *k = c->rb;
-  bool partial = c->land.j || (!c->held && k && k->start != k->end);
+  bool partial = c->land.j || c->land.discard || (!c->held && k && k->start != k->end);
 
   if (c->in_process) /* conn_process checks again when it is done */
     return;
@@ -1390,6 +1486,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (c->land.j) { /* read into the buffer (on_alloc) */
     c->land.got += (size_t)n;
     c->d->obs.bytes_in_place += (size_t)n;
+  } else if (c->land.discard) { /* read into the sink (on_alloc) */
+    c->land.got += (size_t)n;
   } else {
     c->rb->end += (size_t)n;
   }
@@ -1408,6 +1506,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   c->d->in_read = true;
   if (c->land.j && c->land.got == c->land.len)
     dspkd_land_end(c);
+  else if (c->land.discard && c->land.got == c->land.len)
+    discard_end(c);
   conn_process(c);
   c->d->in_read = false;
   /* Jobs that ran on the loop (run_inline) are answered now, not after a

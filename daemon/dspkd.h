@@ -508,6 +508,15 @@ struct conn {
     struct job *j;
     char *dst;
     size_t got, len;
+    /* Or a buffer.write refused before its data came (daemon/conn.c): its
+     * data is read and dropped, then it is answered err (msg: its text,
+     * NULL when out of memory); and the stream position + 1 of the last
+     * frame whose head was checked so (0: none). */
+    bool discard;
+    int err;
+    uint32_t msgid;
+    char *msg;
+    uint64_t checked;
   } land;
 };
 
@@ -968,6 +977,12 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len);
  * answers.  A connection closed before frees the job unanswered. */
 char *dspkd_land_begin(struct conn *c, const struct dspk__write_head *h);
 void dspkd_land_end(struct conn *c);
+/* The error the ordinary path would answer a buffer.write with (its
+ * arguments' decoding, ENOBUF, ENODEV, ERANGE: the checks it makes before
+ * it queues a job), r->args being its params with len bytes of data, the
+ * data itself not there yet (daemon/conn.c, "refused before its data");
+ * r->msg tells it.  0: the request is good. */
+int dspkd_write_refused(struct req *r, uint64_t len);
 /* Resolves a task's or buffer's device name ("any" or an id) for the
  * connection (its Slurm job's devices): NULL with *err and r->msg set. */
 struct device *dspkd_resolve_device(struct req *r, const char *name, int *err);

@@ -636,32 +636,46 @@ static int m_buffer_create(struct req *r) {
   return dspkd_buffer_submit(r, dev, size, NULL, NULL, -1);
 }
 
+/* buffer.write's checks of its arguments, its data being len bytes: the
+ * buffer (*bp), or NULL with *err set and r->msg the error. */
+static struct dbuf *write_checks(struct req *r, uint64_t len, int *err) {
+  uint64_t off = r->v[DSPK__BWRITE_OFFSET].v.u;
+  struct dbuf *b;
+
+  if (!(b = arg_buffer(r, DSPK__BWRITE_BUFFER, err)))
+    return NULL;
+  if ((*err = device_ok(r, b->dev)) < 0)
+    return NULL;
+  /* Worded as buffer.read words the same cases. */
+  if (off > b->size) {
+    *err = fail(r, DSPK_ERANGE, "offset %" PRIu64 " is past the end of buffer %" PRIu64
+                " (%" PRIu64 " byte%s)", off, b->id, b->size, b->size == 1 ? "" : "s");
+    return NULL;
+  }
+  if (len > b->size - off) {
+    *err = fail(r, DSPK_ERANGE, "writing %" PRIu64 " byte%s at offset %" PRIu64
+                " overruns buffer %" PRIu64 " of %" PRIu64 " byte%s", len, dspk__s(len),
+                off, b->id, b->size, b->size == 1 ? "" : "s");
+    return NULL;
+  }
+  return b;
+}
+
 static int m_buffer_write(struct req *r) {
   struct dbuf *b;
-  uint64_t off = r->v[DSPK__BWRITE_OFFSET].v.u;
   const void *data = r->v[DSPK__BWRITE_DATA].v.s.p;
   size_t len = r->v[DSPK__BWRITE_DATA].v.s.n;
   struct job *j;
   int err = 0;
 
-  if (!(b = arg_buffer(r, DSPK__BWRITE_BUFFER, &err)))
+  if (!(b = write_checks(r, len, &err)))
     return err;
-  if ((err = device_ok(r, b->dev)) < 0)
-    return err;
-  /* Worded as buffer.read words the same cases. */
-  if (off > b->size)
-    return fail(r, DSPK_ERANGE, "offset %" PRIu64 " is past the end of buffer %" PRIu64
-                " (%" PRIu64 " byte%s)", off, b->id, b->size, b->size == 1 ? "" : "s");
-  if (len > b->size - off)
-    return fail(r, DSPK_ERANGE, "writing %zu byte%s at offset %" PRIu64
-                " overruns buffer %" PRIu64 " of %" PRIu64 " byte%s", len, len == 1 ? "" : "s",
-                off, b->id, b->size, b->size == 1 ? "" : "s");
   if (!(j = dspkd_job_new(r->c, JOB_BUF_WRITE, r->msgid, b->dev)))
     return DSPK_ENOMEM;
   dspkd_dbuf_ref(b);
   j->buf = b;
   j->refs[j->nrefs++] = b;
-  j->off = off;
+  j->off = r->v[DSPK__BWRITE_OFFSET].v.u;
   j->size = len;
   j->data = data;
   /* A second block while answers may be sent from the buffer's block. */
@@ -674,6 +688,16 @@ static int m_buffer_write(struct req *r) {
   j->chunk = r->chunk;
   dspkd_sched_submit(j);
   return 0;
+}
+
+int dspkd_write_refused(struct req *r, uint64_t len) {
+  const struct dspk__method *m = &dspk__methods[DSPK__M_BUFFER_WRITE];
+  int err;
+
+  if ((err = dspk__params_decode(m->params, m->nparams, r->args, NULL, r->v, r->msg,
+                                 sizeof r->msg)) < 0)
+    return err;
+  return write_checks(r, len, &err) ? 0 : err;
 }
 
 /* buffer.write in place: the same checks as m_buffer_write, and that no

@@ -356,12 +356,55 @@ int dspk__write_head_scan(const void *buf, size_t len, const struct dspk__limits
       return 0;
     }
   }
-  if (!have_buffer || !cur_str_is(&c, "data", 4) || !cur_head(&c, H_BIN, &v))
+  if (!have_buffer || !cur_str_is(&c, "data", 4))
+    return 0;
+  h->bin_at = c.pos;
+  if (!cur_head(&c, H_BIN, &v))
     return 0;
   h->head = c.pos;
   h->len = (size_t)v;
   /* The scanner's verdict on the head (limits: max_message, max_depth,
    * max_objects): an incomplete frame, not a refused one. */
+  if (dspk__frame_scan(buf, c.pos, lim, msg, sizeof msg) != 0)
+    return 0;
+  return 1;
+}
+
+int dspk__write_head_find(const void *buf, size_t len, const struct dspk__limits *lim,
+                          struct dspk__write_head *h) {
+  static const char method[] = "buffer.write";
+  struct cur c = {buf, len, 0};
+  uint64_t n, type, msgid, v, entries;
+  char msg[8];
+
+  if (!cur_head(&c, H_ARRAY, &n) || n != 4 || !cur_uint(&c, &type) || type != 0 ||
+      !cur_uint(&c, &msgid) || msgid > UINT32_MAX ||
+      !cur_str_is(&c, method, sizeof method - 1) || !cur_head(&c, H_ARRAY, &n) || n != 1 ||
+      !cur_head(&c, H_MAP, &entries) || entries < 1)
+    return 0;
+  /* Each key and value before the last key: one whole object, whatever
+   * it is (the scanner's length of it, which is within lim when the
+   * frame is). */
+  for (uint64_t i = 0; i + 1 < entries; i++) {
+    if (cur_str_is(&c, "data", 4))
+      return 0;
+    for (int kv = 0; kv < 2; kv++) {
+      ssize_t m = dspk__frame_scan(c.p + c.pos, c.len - c.pos, lim, msg, sizeof msg);
+      if (m <= 0)
+        return 0;
+      c.pos += (size_t)m;
+    }
+  }
+  if (!cur_str_is(&c, "data", 4))
+    return 0;
+  h->bin_at = c.pos;
+  if (!cur_head(&c, H_BIN, &v))
+    return 0;
+  h->msgid = (uint32_t)msgid;
+  h->buffer = 0;
+  h->offset = 0;
+  h->head = c.pos;
+  h->len = (size_t)v;
   if (dspk__frame_scan(buf, c.pos, lim, msg, sizeof msg) != 0)
     return 0;
   return 1;

@@ -68,6 +68,7 @@ struct dspk__write_head {
   uint64_t offset; /* 0 when absent */
   size_t head;     /* bytes before the payload */
   size_t len;      /* payload bytes */
+  size_t bin_at;   /* where the bin's header starts (head less its size) */
 };
 
 /*
@@ -81,6 +82,22 @@ struct dspk__write_head {
  * whole frame (and answers its errors).  Never reads past len.
  */
 int dspk__write_head_scan(const void *buf, size_t len, const struct dspk__limits *lim,
+                          struct dspk__write_head *h);
+
+/*
+ * The head of any buffer.write request whose params map ends with the key
+ * "data" and a bin, so that the bin's payload ends the frame: [0, msgid,
+ * "buffer.write", [{..., data: bin}]], the entries before "data" of any
+ * keys and values but the key "data" (which would be the one that counts),
+ * in any order, as dspk__write_head_scan() would not take them (nil, a
+ * negative or float offset, an unknown key, no buffer).  Returns 1 and
+ * fills *h but h->buffer and h->offset (0) when buf[0..len) starts with such
+ * a head, complete up to its payload, that dspk__frame_scan() accepts as the
+ * start of a frame within lim; 0 otherwise.  The daemon decodes such a head
+ * (its bin emptied) to refuse a bad request before its data has come.
+ * Never reads past len.
+ */
+int dspk__write_head_find(const void *buf, size_t len, const struct dspk__limits *lim,
                           struct dspk__write_head *h);
 
 /*

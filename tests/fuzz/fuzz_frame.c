@@ -7,10 +7,12 @@
  * dspk__write_head_scan: a head it finds is an incomplete frame to the
  * scanner, and once its data is all there the scanner's frame ends with the
  * data and msgpack-c decodes the same msgid, buffer, offset and data length.
+ * dspk__write_head_find: its head with the bin emptied is a whole request.
  * dspk__run_head_scan likewise: its head is incomplete to the scanner, and in
  * the complete frame msgpack-c finds the first output's data where it said.
  */
 #include <msgpack.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dspk/errors.h"
@@ -81,6 +83,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         FUZZ_CHECK(seen == 1);
         msgpack_zone_destroy(&zone);
+      }
+    }
+  }
+  {
+    /* dspk__write_head_find: the head is a prefix the scanner takes as
+     * incomplete, a bin header at bin_at, and with that bin emptied it is a
+     * whole request msgpack-c decodes, a map of params whose last value is
+     * that empty bin. */
+    struct dspk__write_head h;
+    if (dspk__write_head_find(data, size, &lim, &h)) {
+      FUZZ_CHECK(h.bin_at < h.head && h.head <= size && h.head - h.bin_at <= 5);
+      FUZZ_CHECK(data[h.bin_at] >= 0xc4 && data[h.bin_at] <= 0xc6);
+      FUZZ_CHECK(dspk__frame_scan(data, h.head, &lim, msg, sizeof msg) == 0);
+      {
+        char *f = malloc(h.bin_at + 2);
+        msgpack_zone zone;
+        msgpack_object root;
+        const msgpack_object *p;
+        size_t off = 0;
+        FUZZ_CHECK(f != NULL);
+        memcpy(f, data, h.bin_at);
+        f[h.bin_at] = (char)0xc4;
+        f[h.bin_at + 1] = 0;
+        FUZZ_CHECK(msgpack_zone_init(&zone, 2048));
+        FUZZ_CHECK(msgpack_unpack(f, h.bin_at + 2, &off, &zone, &root) ==
+                       MSGPACK_UNPACK_SUCCESS &&
+                   off == h.bin_at + 2);
+        FUZZ_CHECK(h.msgid == root.via.array.ptr[1].via.u64);
+        p = &root.via.array.ptr[3].via.array.ptr[0];
+        FUZZ_CHECK(p->type == MSGPACK_OBJECT_MAP && p->via.map.size >= 1);
+        p = &p->via.map.ptr[p->via.map.size - 1].val;
+        FUZZ_CHECK(p->type == MSGPACK_OBJECT_BIN && p->via.bin.size == 0);
+        msgpack_zone_destroy(&zone);
+        free(f);
       }
     }
   }

@@ -1976,6 +1976,145 @@ def gpu_and_cpu_devices(c):
     return devs
 
 
+@case("task.run: map abs of a complex within 1 ulp of its modulus on cpu and Vulkan "
+      "devices, numpy's special values on every backend")
+def map_cabs(env):
+    c = env.conn()
+    rng = __import__("random").Random(19)
+    F = fractions.Fraction
+    for dt, fmt, span, p, emin in (("c64", "f", 30, 24, -149), ("c128", "d", 300, 53, -1074)):
+        n = 4000
+        z = []
+        for i in range(n):
+            x = 10.0 ** rng.uniform(-span, span)
+            y = x * rng.uniform(0.5, 1.5) if i % 4 == 1 else 10.0 ** rng.uniform(-span, span)
+            if i % 8 == 2:  # subnormal parts
+                x, y = (rng.randint(1, 10 ** 6) * 2.0 ** emin for _ in range(2))
+            z.append((rng.choice((-1, 1)) * x, rng.choice((-1, 1)) * y))
+        # the dtype's own values (c64: rounded to f32)
+        z = [struct.unpack("<2" + fmt, struct.pack("<2" + fmt, *v)) for v in z]
+        t = {"dtype": dt, "shape": [n], "data": b"".join(struct.pack("<2" + fmt, *v) for v in z)}
+        for dev in gpu_and_cpu_devices(c):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t],
+                                  "options": {"fn": "abs"}})
+            out = r["outputs"][0]
+            check(out["dtype"] == ("f32" if dt == "c64" else "f64"), "%s abs dtype" % dev)
+            got = vals32(out) if dt == "c64" else vals64(out)
+            if dev not in ("cpu:0", "vulkan:0"):
+                continue  # cuda, hip: the device's hypot, not measured
+            for (x, y), g in zip(z, got):
+                # exact: |g - |z|| <= ulp(|z|), as (g -+ u)^2 against x^2 + y^2
+                w = math.hypot(x, y)
+                u = F(2) ** max(math.frexp(w)[1] - p, emin)
+                sq = F(x) ** 2 + F(y) ** 2
+                lo, hi = F(g) - u, F(g) + u
+                check((lo <= 0 or lo * lo <= sq) and sq <= hi * hi,
+                      "%s abs(complex(%r, %r)) %s = %r, not within 1 ulp of %r"
+                      % (dev, x, y, dt, g, w))
+    # numpy's special values (C's hypot), on every backend
+    inf, nan = math.inf, math.nan
+    sp = [(inf, nan), (nan, -inf), (nan, 1), (1, nan), (-0.0, -0.0), (0, -3), (-5, 0), (3, 4),
+          (2e38, 2e38), (1e-45, 1e-45)]
+    for dt, fmt in (("c64", "f"), ("c128", "d")):
+        vals = sp + ([(1e308, 1e308), (1e-320, 1e-320)] if fmt == "d" else [])
+        t = {"dtype": dt, "shape": [len(vals)],
+             "data": b"".join(struct.pack("<2" + fmt, *v) for v in vals)}
+        for dev in gpu_and_cpu_devices(c):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t],
+                                  "options": {"fn": "abs"}})
+            got = vals32(r["outputs"][0]) if fmt == "f" else vals64(r["outputs"][0])
+            for (x, y), g in zip(vals, got):
+                xs, ys = struct.unpack("<2" + fmt, struct.pack("<2" + fmt, x, y))
+                w = math.hypot(xs, ys)
+                if fmt == "f" and w >= 2.0 ** 128 - 2.0 ** 103:
+                    w = inf
+                elif fmt == "f" and w != 0 and math.isfinite(w):
+                    w = struct.unpack("<f", struct.pack("<f", w))[0]
+                ok = math.isnan(g) if math.isnan(w) else g == w and math.copysign(1, g) == 1
+                check(ok, "%s abs(complex(%r, %r)) %s = %r, numpy %r" % (dev, xs, ys, dt, g, w))
+    still_open(c)
+
+
+@case("task.run: reduce's partial sums past the range: inf or NaN where they are kept in "
+      "the dtype (f32 and c64 on Vulkan devices, f64 and c128 everywhere), finite in double")
+def reduce_overflow(env):
+    c = env.conn()
+    inf = math.inf
+    big = struct.unpack("<f", struct.pack("<f", 3e38))[0]
+
+    def red(dev, t, fn="sum", axes=None):
+        o = {"fn": fn} if axes is None else {"fn": fn, "axes": axes}
+        r = c.ok("task.run", {"op": "reduce", "device": dev, "inputs": [t], "options": o})
+        out = r["outputs"][0]
+        v = vals32(out) if out["dtype"] in ("f32", "c64") else vals64(out)
+        return [complex(v[i], v[i + 1]) for i in range(0, len(v), 2)] \
+            if out["dtype"][0] == "c" else v
+
+    alt = t32([3e38, -3e38] * 4096)
+    for dev in gpu_and_cpu_devices(c):
+        vk = dev.startswith("vulkan")
+        f32 = inf if vk else big
+        check(red(dev, t64([1.7e308, 1.7e308, -1.7e308])) == [inf], "%s f64 sum" % dev)
+        check(red(dev, t32([3e38, 3e38, -3e38])) == [f32], "%s f32 sum" % dev)
+        check(red(dev, t32([3e38, 3e38]), "mean") == [f32], "%s f32 mean" % dev)
+        check(red(dev, t32([3e38, 3e38, -3e38], [3, 1]), axes=[0]) == [f32], "%s axis 0" % dev)
+        cx = {"dtype": "c64", "shape": [3],
+              "data": struct.pack("<6f", 3e38, 1, 3e38, 0, -3e38, 0)}
+        check(red(dev, cx) == [complex(f32, 1)], "%s c64 sum: %r" % (dev, red(dev, cx)))
+        got = red(dev, alt)[0]
+        check(math.isnan(got) if vk else got == 0, "%s alternating 3e38: %r" % (dev, got))
+        got = red(dev, t64([-1.7e308, -1.7e308, 1.7e308, 1.7e308] + [0] * 8188))[0]
+        if dev == "cpu:0" or vk:
+            check(math.isnan(got) if dev == "cpu:0" else got == 0, "%s f64 order: %r" % (dev, got))
+
+
+@case("task.run: subnormal products in gemm and contract within K/2 units of the smallest "
+      "subnormal of the exact sum; reduce's subnormal sums exact")
+def subnormal_terms(env):
+    c = env.conn()
+    F = fractions.Fraction
+    names = {d["id"]: d.get("name", "") for d in c.ok("devices")["devices"]}
+    for dev in gpu_and_cpu_devices(c):
+        # f32 subnormals are kept on cpu:0, cuda, hip and lavapipe (another
+        # Vulkan device may flush them: "Subnormal values"); f64 everywhere
+        keeps32 = not dev.startswith("vulkan") or "llvmpipe" in names[dev].lower()
+        for dt, T, vals, eta, u in (("f32", t32, ([1e-30, 1e-30], [1e-15, 1e-15]), 2.0 ** -149,
+                                     F(1, 2 ** 24)),
+                                    ("f64", t64, ([2.0 ** -537] * 3, [0.7071 * 2.0 ** -537] * 3),
+                                     2.0 ** -1074, F(1, 2 ** 53))):
+            if dt == "f32" and not keeps32:
+                continue
+            a, b = vals
+            k = len(a)
+            ta, tb = T(a), T(b)
+            ra = vals32(ta) if dt == "f32" else vals64(ta)
+            rb = vals32(tb) if dt == "f32" else vals64(tb)
+            exact = sum(F(x) * F(y) for x, y in zip(ra, rb))
+            bound = k * u * exact + F(k + 2, 2) * F(eta)
+            r = c.ok("task.run", {"op": "contract", "device": dev, "inputs": [ta, tb],
+                                  "options": {"subscripts": "k,k->"}})["outputs"][0]
+            g1 = (vals32(r) if dt == "f32" else vals64(r))[0]
+            r = c.ok("task.run", {"op": "gemm", "device": dev,
+                                  "inputs": [T(a, [1, k]), T(b, [k, 1])]})["outputs"][0]
+            g2 = (vals32(r) if dt == "f32" else vals64(r))[0]
+            for what, g in (("contract", g1), ("gemm", g2)):
+                check(abs(F(g) - exact) <= bound, "%s %s %s: %r, exact %r (%r units)"
+                      % (dev, what, dt, g, float(exact), float(exact / F(eta))))
+                if dt == "f32" and dev in ("cpu:0", "vulkan:0"):
+                    check(g == 2 * eta, "%s %s f32: %r, the doc's 2 units" % (dev, what, g))
+        # reduce: additions with subnormal results are exact
+        rng = __import__("random").Random(5)
+        for dt, T, eta in (("f32", t32, 2.0 ** -149), ("f64", t64, 2.0 ** -1074)):
+            if dt == "f32" and not keeps32:
+                continue
+            ks = [rng.randint(1, 100) * rng.choice((-1, 1)) for _ in range(5000)]
+            r = c.ok("task.run", {"op": "reduce", "device": dev,
+                                  "inputs": [T([k * eta for k in ks])]})["outputs"][0]
+            g = (vals32(r) if dt == "f32" else vals64(r))[0]
+            check(g == sum(ks) * eta, "%s reduce %s of subnormals: %r, exact %r"
+                  % (dev, dt, g, sum(ks) * eta))
+
+
 @case("task.run: reduce's sum and mean within their stated bounds, contract's complex "
       "infinities as numpy's, on every backend")
 def sums_and_infinities(env):
@@ -3529,6 +3668,69 @@ def cancel_kinds(env):
 
 # ---- admin, cache, metrics, trace, jobs
 
+@case("status: completed and failed count what a device took; a request canceled or "
+      "dropped while queued counts in neither", daemon="counts")
+def status_counts(env):
+    c = env.conn()
+
+    def counts(conn):
+        d = [x for x in conn.ok("status")["devices"] if x["id"] == "cpu:0"][0]
+        return d["queued"], d["running"], d["completed"], d["failed"]
+
+    def settled(conn, before):
+        # polled until the device has nothing queued or running (the answers
+        # of a closed connection's requests come to no one)
+        for _ in range(20000):
+            q, r, done, failed = counts(conn)
+            if q == 0 and r == 0:
+                return done - before[2], failed - before[3]
+        raise Fail("the device never settled")
+
+    n = 1536
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": struct.pack("<d", 1.0) * (n * n)})
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    run = {"op": "gemm", "device": "cpu:0", "inputs": [A, A]}
+    base = counts(c)
+    # a request refused before it reached the device: in neither
+    expect(c.call("task.run", dict(run, inputs=[A])), "EINVAL")
+    check(settled(c, base) == (0, 0), "refused requests counted: %r" % (settled(c, base),))
+    # one running, two queued behind it: the queued ones canceled count in
+    # neither, the running one canceled counts as failed
+    t1 = c.request("task.run", run)
+    t2 = c.request("task.run", run)
+    t3 = c.request("task.run", run)
+    while True:
+        q, r, _, _ = counts(c)
+        if r == 1 and q == 2:
+            break
+        check(not c.responses.get(t1), "the long gemm ended before it could be canceled")
+    for m in (t3, t2, t1):
+        check(c.ok("task.cancel", {"msgid": m}) == {"canceled": True}, "canceled %d" % m)
+    got = [c.wait(m)[0] for m in (t1, t2, t3)]
+    check(got == ["ECANCELED"] * 3, "answers %r" % (got,))
+    check(settled(c, base) == (0, 1), "counted (completed, failed) %r, expected (0, 1)"
+          % (settled(c, base),))
+    # a connection closed with one running and two queued: the same
+    d = env.conn()
+    bd = d.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8})["buffer"]
+    Ad = {"buffer": bd, "dtype": "f64", "shape": [n, n]}
+    mid = counts(c)
+    for _ in range(3):
+        d.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [Ad, Ad]})
+    while True:
+        q, r, _, _ = counts(c)
+        if r == 1 and q == 2:
+            break
+    d.close()
+    check(settled(c, mid) == (0, 1), "after the close (completed, failed) %r, expected (0, 1)"
+          % (settled(c, mid),))
+    # and one that ends well: completed
+    small = {"op": "map", "device": "cpu:0", "inputs": [t32([1.0])], "options": {"fn": "abs"}}
+    c.ok("task.run", small)
+    check(settled(c, mid) == (1, 1), "a task that ended well: %r" % (settled(c, mid),))
+
+
 @case("task.cancel: ECANCELED only for work that stopped; work that completed answers as "
       "usual, on every backend")
 def cancel_done(env):
@@ -4004,6 +4206,49 @@ def device_order(env):
     expect(c.call("buffer.write", {"buffer": 987654, "data": big}), "ENOBUF")
 
 
+@case("buffer.write: one refused is answered its error, its data dropped, whatever its size",
+      daemon="partial")
+def write_refused(env):
+    # max_user_partial 1 MiB: a 2 MiB write not received in place could not
+    # be read whole; one the daemon refuses (the head tells) is answered its
+    # own error and the connection stays open, as Malformed input promises
+    c = env.conn()
+    n = 2 << 20
+    data = os.urandom(n)
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n})["buffer"]
+    expect(c.call("buffer.write", {"buffer": b, "offset": 1, "data": data}), "ERANGE",
+           "writing %d bytes at offset 1 overruns buffer %d of %d bytes" % (n, b, n))
+    expect(c.call("buffer.write", {"buffer": b, "offset": n + 1, "data": data}), "ERANGE",
+           "offset %d is past the end" % (n + 1))
+    expect(c.call("buffer.write", {"buffer": b + 1000, "data": data}), "ENOBUF",
+           "no buffer %d" % (b + 1000))
+    expect(c.call("buffer.write", {"buffer": b, "offset": -1, "data": data}), "EINVAL",
+           "offset", "the integer -1")
+    expect(c.call("buffer.write", {"offset": "0", "buffer": b, "data": data}), "EINVAL",
+           "offset", "a string of 1 byte")
+    expect(c.call("buffer.write", {"data": data}), "EINVAL", "buffer: required")
+    expect(c.call("buffer.write", {"buffer": 1.0, "junk": [1, {"a": None}], "data": data}),
+           "EINVAL", "buffer", "the float 1.0")
+    # pipelined: each answered in turn, the ping behind them too
+    ms = [c.request("buffer.write", {"buffer": b + 7, "data": data}) for _ in range(3)]
+    m = c.request("ping", {"data": b"after"})
+    for x in ms:
+        expect(c.wait(x), "ENOBUF")
+    check(c.wait(m) == ("ok", {"data": b"after"}), "the ping behind the refused writes")
+    # cut off in its data: the daemon waits for the rest, the client's end
+    # of stream inside the message closes it without an answer
+    still_open(c)
+    c.ok("buffer.write", {"buffer": b, "data": data})
+    check(c.ok("buffer.read", {"buffer": b, "offset": n - 8})["data"] == data[-8:],
+          "a good write still lands after the refused ones")
+    d = env.conn()
+    frame = req(5, "buffer.write", {"buffer": 99, "data": data})
+    d.send(frame[:len(frame) // 2])
+    d.s.shutdown(socket.SHUT_WR)
+    d.expect_close()
+    check(not d.responses, "no answer to a request cut off: %r" % (d.responses,))
+
+
 @case("buffer.write: received in place only when no earlier request still uses the buffer")
 def inplace_order(env):
     c = env.conn()
@@ -4471,6 +4716,7 @@ def main():
                "deep": (["--max-depth", "40"], "cpu"),
                "quota": (["--max-conn-memory", "64K", "--max-user-memory", "96K"], "cpu"),
                "partial": (["--max-user-partial", "1M"], "cpu"),
+               "counts": ([], "cpu"),
                "jobs": ([], "cpu,vulkan"),
                "stop": ([], "cpu"),
                "progress": (["--cache", os.path.join(tmp, "progress.db")], "cpu"),

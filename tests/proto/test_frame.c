@@ -732,6 +732,123 @@ static void test_write_head_other_forms(void **state) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* dspk__write_head_find: every head of a buffer.write whose data, a bin,
+ * is the params map's last key, whatever comes before it; bin_at and head
+ * as the frame has them.  Emptying its bin leaves a whole request. */
+static int head_find(const void *buf, size_t len, const struct dspk__limits *l,
+                     struct dspk__write_head *h) {
+  void *p = malloc(len ? len : 1); /* exact size: ASan sees an over-read */
+  int r;
+  assert_non_null(p);
+  if (len)
+    memcpy(p, buf, len);
+  r = dspk__write_head_find(p, len, l, h);
+  free(p);
+  return r;
+}
+
+static void test_write_head_find(void **state) {
+  (void)state;
+  struct dspk__limits l = deflim();
+  struct dspk__write_head h;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  /* The forms dspk__write_head_scan takes: found the same. */
+  build_write(&sb, 77, 5, 9, 300);
+  assert_int_equal(head_find(sb.data, sb.size - 300, &l, &h), 1);
+  assert_int_equal(h.msgid, 77);
+  assert_int_equal(h.len, 300);
+  assert_int_equal(h.head + h.len, sb.size);
+  assert_int_equal(h.bin_at + 3, h.head); /* bin 16 */
+  assert_int_equal((unsigned char)sb.data[h.bin_at], 0xc5);
+  for (size_t k = 0; k < h.head; k++)
+    assert_int_equal(head_find(sb.data, k, &l, &h), 0);
+  msgpack_sbuffer_destroy(&sb);
+  /* Any entries before data: nil, a negative, a float, a str, nested
+   * containers, unknown and non-str keys, no buffer at all. */
+  for (int form = 0; form < 6; form++) {
+    size_t bin_at;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    dspk__pack_request_head(&pk, 8, "buffer.write", true);
+    msgpack_pack_map(&pk, form == 5 ? 1 : 3);
+    if (form != 5) {
+      dspk__pack_str(&pk, "offset");
+      if (form == 0)
+        msgpack_pack_nil(&pk);
+      else if (form == 1)
+        msgpack_pack_int64(&pk, -1);
+      else if (form == 2)
+        msgpack_pack_double(&pk, 1.0);
+      else
+        dspk__pack_str(&pk, "zero");
+      if (form == 4)
+        msgpack_pack_uint8(&pk, 3); /* a key of another type */
+      else
+        dspk__pack_str(&pk, "junk");
+      msgpack_pack_array(&pk, 2);
+      msgpack_pack_map(&pk, 1);
+      dspk__pack_str(&pk, "data"); /* nested: not the params' key */
+      msgpack_pack_bin(&pk, 1);
+      msgpack_pack_bin_body(&pk, "x", 1);
+      msgpack_pack_true(&pk);
+    }
+    dspk__pack_str(&pk, "data");
+    bin_at = sb.size;
+    msgpack_pack_bin(&pk, 70000);
+    assert_int_equal(head_find(sb.data, sb.size, &l, &h), 1);
+    assert_int_equal(h.msgid, 8);
+    assert_int_equal(h.bin_at, bin_at);
+    assert_int_equal(h.head, sb.size);
+    assert_int_equal(h.len, 70000);
+    /* Not the strict form: the in-place scanner leaves it. */
+    assert_int_equal(head_scan(sb.data, sb.size, &l, &h), 0);
+    for (size_t k = 0; k < sb.size; k++)
+      assert_int_equal(head_find(sb.data, k, &l, &h), 0);
+    msgpack_sbuffer_destroy(&sb);
+  }
+  /* Not such a head: data not last, data twice (the first counts), data
+   * not a bin, another method, params of 2. */
+  for (int form = 0; form < 5; form++) {
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (form == 4) {
+      msgpack_pack_array(&pk, 4);
+      msgpack_pack_uint8(&pk, 0);
+      msgpack_pack_uint8(&pk, 1);
+      dspk__pack_str(&pk, "buffer.write");
+      msgpack_pack_array(&pk, 2);
+    } else {
+      dspk__pack_request_head(&pk, 1, form == 3 ? "buffer.read" : "buffer.write", true);
+    }
+    msgpack_pack_map(&pk, 2);
+    dspk__pack_str(&pk, form == 0 || form == 1 ? "data" : "buffer");
+    if (form == 0) {
+      msgpack_pack_bin(&pk, 4);
+      msgpack_pack_bin_body(&pk, "abcd", 4);
+      dspk__pack_str(&pk, "buffer");
+      msgpack_pack_uint8(&pk, 1);
+    } else {
+      msgpack_pack_uint8(&pk, 1);
+      dspk__pack_str(&pk, "data");
+      if (form == 2)
+        dspk__pack_str(&pk, "abcd");
+      else
+        msgpack_pack_bin(&pk, 4);
+    }
+    assert_int_equal(head_find(sb.data, sb.size, &l, &h), 0);
+    msgpack_sbuffer_destroy(&sb);
+  }
+  /* A payload beyond max_message, or limits the head breaks: not a head. */
+  build_write(&sb, 1, 2, 3, 1000);
+  l.max_message = sb.size - 1;
+  assert_int_equal(head_find(sb.data, sb.size - 1000, &l, &h), 0);
+  l = deflim();
+  l.max_depth = 1;
+  assert_int_equal(head_find(sb.data, sb.size - 1000, &l, &h), 0);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 /* ---- the head of a task.run answer (dspk__run_head_scan) ----------------- */
 
 /* A task.run answer as dspkd packs it: {device, outputs: [{dtype, shape,
@@ -908,6 +1025,7 @@ int main(void) {
       cmocka_unit_test(test_mutations),
       cmocka_unit_test(test_write_head),
       cmocka_unit_test(test_write_head_other_forms),
+      cmocka_unit_test(test_write_head_find),
       cmocka_unit_test(test_run_head),
       cmocka_unit_test(test_run_head_other_forms),
   };
