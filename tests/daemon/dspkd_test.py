@@ -2133,6 +2133,84 @@ def t_cachefailed(exe, tmp):
     d.stop()
 
 
+def entry_sum(kind, key, data):
+    """The checksum cache/cache.c stores with an entry of kind (0 kernels,
+    2 blobs) under key holding data: FNV-1a 128 over length-prefixed
+    fields, written here from the spec of the hash (docs/cache.md)."""
+    def field(b):
+        return struct.pack("<Q", len(b)) + b
+    h = 0x6c62272e07bb014262b821756295c58d
+    for byte in (field(b"sum/1") + field(struct.pack("<Q", kind)) + field(key.encode())
+                 + field(data)):
+        h = ((h ^ byte) * 0x0000000001000000000000000000013B) % (1 << 128)
+    return "%032x" % h
+
+
+def t_cachedamaged(exe, tmp):
+    """Round 19 (tester F): a kernels entry damaged in place in the cache
+    file (its SPIR-V words changed) was served at every start: each run of
+    the client's valid GLSL failed ECOMPILE quoting an opcode of no source
+    of the client's, and counted as a cache hit.  Now an entry whose stored
+    checksum does not match is dropped (deleted, one warning in the log) and
+    the kernel compiled from the source as on a miss; so is one whose
+    checksum matches but that the SPIR-V validator refuses (written whole
+    by hand here), and so is a damaged pipeline-cache blob."""
+    import sqlite3
+    db = os.path.join(tmp, "dmg.db")
+    args = ["--backends", "cpu,vulkan", "--cache", db]
+    d = Daemon(exe, tmp, args)
+    c = d.client()
+    vk = vulkan_ids_or_skip(d, c)
+    check(array(c.call("task.run", glsl_task(vk[0], KERNEL_OK))["outputs"][0])[0] == 7.0,
+          "the kernel runs")
+    check(kernel_entries(c) == 1, "stored")
+    c.close()
+    d.stop()  # the pipeline-cache blob is stored at the stop
+    junk = struct.pack("<5I", 0x07230203, 0x00010500, 0, 50, 0) + b"\xff\xff\xff\xff" * 8
+
+    def damage(whole):
+        con = sqlite3.connect(db)
+        (key,) = con.execute("SELECT key FROM kernels").fetchone()
+        if whole:
+            con.execute("UPDATE kernels SET bin = ?, sum = ? WHERE key = ?",
+                        (junk, entry_sum(0, key, junk), key))
+        else:
+            con.execute("UPDATE kernels SET bin = ? WHERE key = ?", (junk, key))
+        n = con.execute("UPDATE blobs SET data = substr(data, 1, length(data) - 1) ||"
+                        " X'5a' WHERE name LIKE 'vk-pipeline-cache/%'").rowcount
+        con.commit()
+        con.close()
+        return n
+
+    for whole in (False, True):
+        blobs = damage(whole)
+        d = Daemon(exe, tmp, args)
+        c = d.client()
+        for i in range(2):
+            out = c.call("task.run", glsl_task(vk[0], KERNEL_OK))["outputs"]
+            check(array(out[0])[0] == 7.0, "run %d after the damage (whole %s)" % (i, whole))
+        st = c.call("cache.stats", {})["kinds"]["kernels"]
+        dev = [x for x in c.call("status", {})["devices"] if x["id"] == vk[0]][0]["stats"]
+        log = d.logtext()
+        c.close()
+        d.stop()
+        why = ("its checksum does not match its contents" if not whole
+               else "spirv: invalid SPIR-V module")
+        check(re.search(r"warn: cache: dropped a kernels entry \(raw for uid \d+ on .*\(vulkan\)\):"
+                        r" %s.*; it is made again as on a miss" % re.escape(why), log),
+              "the drop logged (whole %s):\n%s" % (whole, log[-3000:]))
+        check(dev["kernels_compiled"] == 1 and dev["kernel_cache_hits"] == 0,
+              "compiled again, no file hit: %r" % dev)
+        # The first run a miss (the entry dropped, then stored again), the
+        # second a use of the kernel the device holds.
+        check(st["misses"] == 1 and st["hits"] == 1 and st["entries"] == 1,
+              "the damaged entry counted as a miss, not a hit: %r" % st)
+        check(blobs == 1 or whole, "a pipeline-cache blob to damage: %d" % blobs)
+        if not whole:
+            check("warn: cache: dropped a blobs entry (vk-pipeline-cache/" in log,
+                  "the damaged pipeline-cache blob dropped:\n%s" % log[-3000:])
+
+
 def t_cachefailedcuda(exe, tmp):
     """A client's CUDA kernel that NVRTC compiles but the driver refuses to
     load (cuda:0 on the fake driver of tests/cuda/fake_libcuda.c, whose
@@ -5625,6 +5703,7 @@ GROUPS = {
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "cachefailed": t_cachefailed,
+    "cachedamaged": t_cachedamaged,
     "cachefailedcuda": t_cachefailedcuda,
     "kernelbomb": t_kernelbomb,
     "kernelbuild": t_kernelbuild,
