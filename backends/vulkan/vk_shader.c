@@ -716,6 +716,14 @@ again:
     spirv = spv;
     nbytes = nwords * 4;
     compiled_words = nwords;
+  } else if (nbytes >= 20 && nbytes % 4 == 0 &&
+             !memcmp(spirv, &(const uint32_t){0x03022307}, 4)) {
+    /* SPIR-V allows either byte order; Vulkan takes the host's alone. */
+    r = dspk__vk_fail(ctx, DSPK_EINVAL,
+                      "spirv: the module's words are byte-swapped (its magic reads 0x03022307: "
+                      "SPIR-V of the other byte order); Vulkan takes SPIR-V in the host's "
+                      "byte order: swap each 4-byte word");
+    goto fail;
   } else if (nbytes < 20 || nbytes % 4 || memcmp(spirv, &(const uint32_t){0x07230203}, 4)) {
     r = dspk__vk_fail(ctx, DSPK_EINVAL,
                       "spirv: not a SPIR-V binary (%zu byte%s, needs a multiple of 4 "

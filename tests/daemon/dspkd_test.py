@@ -2211,6 +2211,58 @@ def t_cachedamaged(exe, tmp):
                   "the damaged pipeline-cache blob dropped:\n%s" % log[-3000:])
 
 
+# A valid SPIR-V 1.3 compute module: GLCompute "main", LocalSize 1 1 1, no
+# resources (spirv-val --target-env vulkan1.3 takes it).
+SPV_MIN = [0x07230203, 0x00010300, 0, 5, 0, 0x00020011, 1, 0x0003000e, 0, 1, 0x0005000f, 5, 1,
+           0x6e69616d, 0, 0x00060010, 1, 17, 1, 1, 1, 0x00020013, 2, 0x00030021, 3, 2,
+           0x00050036, 2, 1, 0, 3, 0x000200f8, 4, 0x000100fd, 0x00010038]
+
+
+def t_spvheader(exe, tmp):
+    """Round 19 (tester F): a SPIR-V module whose header's Schema word (word
+    4, reserved, must be 0) was 1 passed SPIRV-Tools' validator, and lavapipe
+    then refused it with VK_ERROR_UNKNOWN, answered as "check the entry
+    point, bindings and push constants", which were all right.  The daemon
+    checks the header's reserved parts itself: the Schema word, and the
+    version word's reserved bytes (which the validator refuses only as
+    "Invalid SPIR-V header."); a byte-swapped module is named as such."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    vk = vulkan_ids_or_skip(d, c)
+
+    def task(words, fmt="<%dI"):
+        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
+                "options": {"lang": "spirv", "source": struct.pack(fmt % len(words), *words),
+                            "args": [{"tensor": 0}]}}
+    c.call("task.run", task(SPV_MIN))  # runs
+    for word, value, want in (
+            (4, 1, "spirv: invalid SPIR-V module header: its Schema word (word 4) is 1; it is "
+                   "reserved and must be 0"),
+            (4, 0xffffffff, "spirv: invalid SPIR-V module header: its Schema word (word 4) is "
+                            "4294967295; it is reserved and must be 0"),
+            (1, 0x00010301, "spirv: invalid SPIR-V module header: its version word (word 1) is "
+                            "0x00010301, whose bytes 0 and 3 are reserved and must be 0 "
+                            "(0x00MMmm00 for version MM.mm)"),
+            (1, 0x01010300, "spirv: invalid SPIR-V module header: its version word (word 1) is "
+                            "0x01010300, whose bytes 0 and 3 are reserved and must be 0 "
+                            "(0x00MMmm00 for version MM.mm)")):
+        w = list(SPV_MIN)
+        w[word] = value
+        e = c.expect_error("ECOMPILE", "task.run", task(w))
+        check(e.err["message"] == want, "word %d = %#x: %r" % (word, value, e.err))
+    e = c.expect_error("EINVAL", "task.run", task(SPV_MIN, ">%dI"))
+    check(e.err["message"] == "spirv: the module's words are byte-swapped (its magic reads "
+          "0x03022307: SPIR-V of the other byte order); Vulkan takes SPIR-V in the host's byte "
+          "order: swap each 4-byte word", "byte-swapped: %r" % e.err)
+    # The generator word is the producer's own, and an id bound above what
+    # the module uses (within the limit) is valid: both run.
+    w = list(SPV_MIN)
+    w[2], w[3] = 0xdeadbeef, 100
+    c.call("task.run", task(w))
+    c.close()
+    d.stop()
+
+
 def t_cachefailedcuda(exe, tmp):
     """A client's CUDA kernel that NVRTC compiles but the driver refuses to
     load (cuda:0 on the fake driver of tests/cuda/fake_libcuda.c, whose
@@ -5704,6 +5756,7 @@ GROUPS = {
     "kernelfs": t_kernelfs,
     "cachefailed": t_cachefailed,
     "cachedamaged": t_cachedamaged,
+    "spvheader": t_spvheader,
     "cachefailedcuda": t_cachefailedcuda,
     "kernelbomb": t_kernelbomb,
     "kernelbuild": t_kernelbuild,
