@@ -4554,13 +4554,27 @@ def t_caps(exe, tmp):
         e = c.expect_error("ENOTSUP", "task.run", kernel(v["id"], "glsl", KERNEL_OK))
         check(e.err["message"] == "kernel: raw kernels are turned off on %s (raw_kernels in "
               "the daemon's configuration)" % v["id"], "message: %r" % e.err)
-        c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
+        # For "any", each device's reason: the configuration's for a device
+        # it turns them off on (probe 19 F3: "vulkan:0 runs no raw kernels").
+        e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
+        check(e.err["message"] == "no device runs this task (kernel: cpu:0 runs no raw kernels; "
+              "kernel: raw kernels are turned off on %s (raw_kernels in the daemon's "
+              "configuration))" % v["id"], "message for any: %r" % e.err)
         check(counters(c, v["id"]) == (0, 0, 0, 0), "nothing ran on %s: %r"
               % (v["id"], counters(c, v["id"])))
         c.close()
         d.stop()  # the log is whole once dspkd has exited
         check("info: raw kernels: run on no device; turned off on %s (raw_kernels = none)"
               % v["id"] in d.logtext(), "the start names the devices:\n" + d.logtext())
+        # A list naming only cpu:0, a device that can run none, turns them
+        # off everywhere: a warning says so (probe 19 F4), as for an id of
+        # no device.
+        d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels", "cpu:0"])
+        d.stop()
+        log = d.logtext()
+        check("info: raw kernels: run on no device; turned off on %s (raw_kernels = cpu:0)"
+              % v["id"] in log and "warn: raw_kernels: cpu:0 runs no raw kernels (the cpu "
+              "backend has none): naming it runs nothing" in log, "the log:\n" + log)
         d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels",
                               "cuda:3,%s" % v["id"]])
         c = d.client()
@@ -4593,8 +4607,8 @@ def t_caps(exe, tmp):
     log = d.logtext()
     check("info: raw kernels: run on no device (raw_kernels = cuda:0,vulkan:7)" in log
           and "warn: raw_kernels: cuda:0 names no device open here: it runs nothing" in log
-          and "warn: raw_kernels: vulkan:7 names no device open here: it runs nothing" in log,
-          "the log:\n" + log)
+          and "warn: raw_kernels: vulkan:7 names no device open here: it runs nothing" in log
+          and "runs no raw kernels" not in log, "the log:\n" + log)
     d = Daemon(exe, tmp, ["--backends", "cpu"])
     d.stop()
     log = d.logtext()
