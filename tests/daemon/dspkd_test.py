@@ -2166,6 +2166,20 @@ def t_cachedamaged(exe, tmp):
     check(kernel_entries(c) == 1, "stored")
     c.close()
     d.stop()  # the pipeline-cache blob is stored at the stop
+    # Undamaged, after a restart (probe 19 F5, docs/protocol.md status and
+    # cache.stats): three runs are one kernel taken from the file
+    # (kernel_cache_hits) but three cache hits (a lookup, then two uses of
+    # the pipeline the device holds).
+    d = Daemon(exe, tmp, args)
+    c = d.client()
+    for i in range(3):
+        c.call("task.run", glsl_task(vk[0], KERNEL_OK))
+    st = c.call("cache.stats", {})["kinds"]["kernels"]
+    dev = [x for x in c.call("status", {})["devices"] if x["id"] == vk[0]][0]["stats"]
+    check(dev["kernel_cache_hits"] == 1 and dev["kernels_compiled"] == 0, "status: %r" % dev)
+    check(st["hits"] == 3 and st["misses"] == 0, "cache.stats: %r" % st)
+    c.close()
+    d.stop()
     junk = struct.pack("<5I", 0x07230203, 0x00010500, 0, 50, 0) + b"\xff\xff\xff\xff" * 8
 
     def damage(whole):
