@@ -77,6 +77,7 @@ struct dspk__cache {
   void (*notice)(void *ud, const char *line);
   void *notice_ud;
   void (*put_result)(void *ud, int kind, int err, const char *detail);
+  void (*dropped)(void *ud, int kind, const char *what, const char *why);
   int put_failing; /* the last put failed (under mu) */
   /* The file was locked by another process at open (OPEN_BUSY): the cache
    * is in memory, and each put tries the file again (retry_busy). */
@@ -143,6 +144,13 @@ static const char *const migrations[] = {
     "UPDATE kernels SET owner = substr(name, instr(name, ' for ') + 5)"
     " WHERE instr(name, ' for ') > 0;"
     "CREATE INDEX kernels_owner ON kernels(owner, tick);",
+    /* 2 -> 3: every entry's checksum (entry_sum: over its key and what it
+     * holds), checked at each get, so that an entry damaged in the file is
+     * dropped and made again instead of served.  The entries already there
+     * get theirs from fill_sums, in the same transaction. */
+    "ALTER TABLE kernels ADD COLUMN sum TEXT;"
+    "ALTER TABLE autotune ADD COLUMN sum TEXT;"
+    "ALTER TABLE blobs ADD COLUMN sum TEXT;",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -706,6 +714,71 @@ static enum open_result inspect(const char *path, char *why, size_t whylen) {
   return res;
 }
 
+/* The checksum stored with every entry (the column sum): a 128-bit hash of
+ * its kind, its key (a blob's name) and what it holds (a kernel's binary; a
+ * decision's winner and timings; a blob's data), as hex.  A get compares it
+ * with what it read, so that bytes changed in the file (a damaged page that
+ * quick_check does not see, an edit by hand) are a miss, never served; the
+ * key is in it so that one entry's contents copied into another's row do
+ * not pass either.  It guards against damage, not against someone who may
+ * write the file (who could write a matching sum as well). */
+static void entry_sum(int kind, const char *key, const void *a, size_t alen, const char *b,
+                      char out[DSPK__HASH_HEX]) {
+  struct dspk__hash h;
+  dspk__hash_init(&h);
+  dspk__hash_str(&h, "sum/1");
+  dspk__hash_u64(&h, (uint64_t)kind);
+  dspk__hash_str(&h, key);
+  if (kind == DSPK__CACHE_AUTOTUNE) {
+    dspk__hash_str(&h, (const char *)a);
+    dspk__hash_str(&h, b);
+  } else {
+    dspk__hash_field(&h, a, alen);
+  }
+  dspk__hash_hex(&h, out);
+}
+
+/* Gives the entries of a cache migrated from version 2 their checksums
+ * (inside the migration's transaction).  Returns an sqlite rc. */
+static int fill_sums(sqlite3 *db) {
+  static const char *const sel[DSPK__CACHE_NKINDS] = {
+      "SELECT rowid, key, bin, NULL FROM kernels",
+      "SELECT rowid, key, winner, timings FROM autotune",
+      "SELECT rowid, name, data, NULL FROM blobs"};
+  static const char *const upd[DSPK__CACHE_NKINDS] = {
+      "UPDATE kernels SET sum = ?1 WHERE rowid = ?2",
+      "UPDATE autotune SET sum = ?1 WHERE rowid = ?2",
+      "UPDATE blobs SET sum = ?1 WHERE rowid = ?2"};
+  int rc = SQLITE_OK;
+  for (int k = 0; rc == SQLITE_OK && k < DSPK__CACHE_NKINDS; k++) {
+    sqlite3_stmt *st = NULL, *up = NULL;
+    char sum[DSPK__HASH_HEX];
+    rc = sqlite3_prepare_v2(db, sel[k], -1, &st, NULL);
+    if (rc == SQLITE_OK)
+      rc = sqlite3_prepare_v2(db, upd[k], -1, &up, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+      const char *key = (const char *)sqlite3_column_text(st, 1);
+      if (k == DSPK__CACHE_AUTOTUNE)
+        entry_sum(k, key, sqlite3_column_text(st, 2), 0,
+                  (const char *)sqlite3_column_text(st, 3), sum);
+      else
+        entry_sum(k, key, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2), NULL,
+                  sum);
+      sqlite3_reset(up);
+      sqlite3_bind_text(up, 1, sum, -1, SQLITE_STATIC);
+      sqlite3_bind_int64(up, 2, sqlite3_column_int64(st, 0));
+      rc = sqlite3_step(up);
+      if (rc == SQLITE_DONE)
+        rc = SQLITE_OK;
+    }
+    if (rc == SQLITE_DONE)
+      rc = SQLITE_OK;
+    sqlite3_finalize(st);
+    sqlite3_finalize(up);
+  }
+  return rc;
+}
+
 /* Makes the file a dspk cache of SCHEMA_VERSION in one write transaction:
  * decides again what it is (another process may have changed it since the
  * first look), marks it (application_id) and applies the migrations.
@@ -723,8 +796,11 @@ static int setup(sqlite3 *db, struct file_info *fi, char *why, size_t whylen) {
     snprintf(sql, sizeof sql, "PRAGMA application_id=%d", APPLICATION_ID);
     rc = exec(db, sql);
   }
-  for (int v = fi->version; rc == SQLITE_OK && v < SCHEMA_VERSION; v++)
+  for (int v = fi->version; rc == SQLITE_OK && v < SCHEMA_VERSION; v++) {
     rc = exec(db, migrations[v]);
+    if (rc == SQLITE_OK && v == 2)
+      rc = fill_sums(db);
+  }
   if (rc == SQLITE_OK && fi->version != SCHEMA_VERSION) {
     snprintf(sql, sizeof sql, "PRAGMA user_version=%d", SCHEMA_VERSION);
     rc = exec(db, sql);
@@ -1317,6 +1393,7 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
     c->notice = opts->notice;
     c->notice_ud = opts->notice_ud;
     c->put_result = opts->put_result;
+    c->dropped = opts->dropped;
   }
   c->path = path ? strdup(path) : default_path();
   if (!c->path) {
@@ -1955,6 +2032,106 @@ static void tune_key(const struct dspk__tune_key *k, char key[DSPK__HASH_HEX],
   snprintf(cands, 17, "%016llx", (unsigned long long)k->cands_hash);
 }
 
+/* ---- damaged entries ------------------------------------------------------ */
+
+#define SUM_WHY "its checksum does not match its contents (damaged in the file)"
+
+/* 1 when the checksum in column 1 of st's row (kernels, blobs; autotune:
+ * column 1 too) matches the entry of kind with key that holds a[0..alen)
+ * (autotune: the winner a and the timings b). */
+static int sum_ok(sqlite3_stmt *st, int kind, const char *key, const void *a, size_t alen,
+                  const char *b) {
+  char sum[DSPK__HASH_HEX];
+  const char *stored = (const char *)sqlite3_column_text(st, 1);
+  entry_sum(kind, key, a, alen, b, sum);
+  return stored && strcmp(stored, sum) == 0;
+}
+
+/* Deletes the entry of kind whose key column (a blob's name) is key, found
+ * damaged or unusable (with the mutex held; the caller counts the miss), and told to
+ * opts.dropped with what (the entry, for the log) and why.  Best effort: a
+ * row a busy file keeps is found damaged again next time, and replaced by
+ * the next put. */
+static void drop_row(struct dspk__cache *c, int kind, const char *key, const char *what,
+                     const char *why) {
+  static const char *const sql[DSPK__CACHE_NKINDS] = {
+      "DELETE FROM kernels WHERE key = ?1", "DELETE FROM autotune WHERE key = ?1",
+      "DELETE FROM blobs WHERE name = ?1"};
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(c->db, sql[kind], -1, &st, NULL) == SQLITE_OK) {
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    (void)sqlite3_step(st); /* autocommit: waits as every write does (busy_wait) */
+  }
+  sqlite3_finalize(st);
+  /* Its uses kept for flush_used would match no row: forget them. */
+  for (int i = 0; i < c->nused; i++)
+    if (c->used[i].kind == kind && strcmp(c->used[i].key, key) == 0) {
+      free(c->used[i].key);
+      memmove(&c->used[i], &c->used[i + 1], (size_t)(c->nused - i - 1) * sizeof c->used[0]);
+      c->nused--;
+      break;
+    }
+  if (c->dropped)
+    c->dropped(c->notice_ud, kind, what, why);
+}
+
+/* A kernel entry for the log: "NAME for uid N on DEVICE (BACKEND)". */
+static void kernel_what(const struct dspk__kernel_key *k, const struct kkey *kk, char *buf,
+                        size_t len) {
+  snprintf(buf, len, "%s on %s (%s)", kk->name ? kk->name : "(no name)",
+           k->dev.name ? k->dev.name : "?", k->dev.backend ? k->dev.backend : "?");
+}
+
+/* A decision for the log: "OP SHAPE DTYPES on DEVICE (BACKEND)". */
+static void tune_what(const struct dspk__tune_key *k, char *buf, size_t len) {
+  snprintf(buf, len, "%s %s %s on %s (%s)", k->op ? k->op : "?", k->shape ? k->shape : "?",
+           k->dtypes ? k->dtypes : "?", k->dev.name ? k->dev.name : "?",
+           k->dev.backend ? k->dev.backend : "?");
+}
+
+/* An entry a get served that the caller could not use: no longer a hit but
+ * a miss, and deleted. */
+static int drop_served(struct dspk__cache *c, int kind, const char *key, const char *what,
+                       const char *why) {
+  pthread_mutex_lock(&c->mu);
+  if (c->count[kind].hits > 0)
+    c->count[kind].hits--;
+  c->count[kind].misses++;
+  drop_row(c, kind, key, what, why);
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+/* See cache.h. */
+int dspk__cache_kernel_drop(struct dspk__cache *c, const struct dspk__kernel_key *k,
+                            const char *why) {
+  struct kkey kk;
+  char what[320];
+  if (!c || !k || (!k->source && k->source_len))
+    return DSPK_EINVAL;
+  kernel_key(k, &kk);
+  kernel_what(k, &kk, what, sizeof what);
+  return drop_served(c, DSPK__CACHE_KERNELS, kk.key, what, why ? why : "unusable");
+}
+
+/* See cache.h. */
+int dspk__cache_tune_drop(struct dspk__cache *c, const struct dspk__tune_key *k,
+                          const char *why) {
+  char key[DSPK__HASH_HEX], cands[17], what[320];
+  if (!c || !k)
+    return DSPK_EINVAL;
+  tune_key(k, key, cands);
+  tune_what(k, what, sizeof what);
+  return drop_served(c, DSPK__CACHE_AUTOTUNE, key, what, why ? why : "unusable");
+}
+
+/* See cache.h. */
+int dspk__cache_blob_drop(struct dspk__cache *c, const char *name, const char *why) {
+  if (!c || !name)
+    return DSPK_EINVAL;
+  return drop_served(c, DSPK__CACHE_BLOBS, name, name, why ? why : "unusable");
+}
+
 /* ---- compiled kernels ---------------------------------------------------- */
 
 /* Shared by get and put: the WHERE clause compares every stored field, so a
@@ -2007,7 +2184,7 @@ int dspk__cache_kernel_get(struct dspk__cache *c,
     return DSPK_EINVAL;
   kernel_key(k, &kk);
   pthread_mutex_lock(&c->mu);
-  int rc = sqlite3_prepare_v2(c->db, "SELECT bin FROM kernels WHERE"
+  int rc = sqlite3_prepare_v2(c->db, "SELECT bin, sum FROM kernels WHERE"
                               KERNEL_MATCH, -1, &st, NULL);
   if (rc != SQLITE_OK) {
     err = map_rc(rc);
@@ -2015,6 +2192,16 @@ int dspk__cache_kernel_get(struct dspk__cache *c,
   }
   bind_kernel(st, k, &kk);
   err = fetch_blob(st, bin, len);
+  if (err == 0 && !sum_ok(st, DSPK__CACHE_KERNELS, kk.key, *bin, *len, NULL)) {
+    char what[320];
+    kernel_what(k, &kk, what, sizeof what);
+    sqlite3_finalize(st);
+    st = NULL;
+    free(*bin);
+    *bin = NULL;
+    drop_row(c, DSPK__CACHE_KERNELS, kk.key, what, SUM_WHY);
+    err = DSPK_ENOENT;
+  }
   sqlite3_finalize(st);
   st = NULL;
   if (err == 0) {
@@ -2051,9 +2238,9 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
       c->db,
       "INSERT OR REPLACE INTO kernels(key, tick, backend, device, arch, uuid,"
       " driver, compiler, compiler_version, name, source_hash, options, bin,"
-      " size, created, last_used, hits, owner)"
+      " size, created, last_used, hits, owner, sum)"
       " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-      " ?15, ?15, 0, ?16)",
+      " ?15, ?15, 0, ?16, ?17)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
     put_failed(c, rc);
@@ -2071,6 +2258,9 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   sqlite3_bind_int64(st, 14, (int64_t)size);
   sqlite3_bind_int64(st, 15, now_s());
   bind_str(st, 16, k->owner);
+  char sum[DSPK__HASH_HEX];
+  entry_sum(DSPK__CACHE_KERNELS, kk.key, bin, len, NULL, sum);
+  sqlite3_bind_text(st, 17, sum, -1, SQLITE_STATIC);
   err = put_commit(c, DSPK__CACHE_KERNELS, st, 2, k->owner);
 out:
   note_put(c, DSPK__CACHE_KERNELS, err);
@@ -2108,7 +2298,8 @@ static int tune_lookup(struct dspk__cache *c, const struct dspk__tune_key *k,
   if (!c || !k || !buf || !len)
     return DSPK_EINVAL;
   tune_key(k, key, cands);
-  snprintf(sql, sizeof sql, "SELECT %s FROM autotune WHERE" TUNE_MATCH, col);
+  snprintf(sql, sizeof sql, "SELECT %s, sum, winner, timings FROM autotune WHERE" TUNE_MATCH,
+           col);
   pthread_mutex_lock(&c->mu);
   int rc = sqlite3_prepare_v2(c->db, sql, -1, &st, NULL);
   if (rc != SQLITE_OK) {
@@ -2125,6 +2316,18 @@ static int tune_lookup(struct dspk__cache *c, const struct dspk__tune_key *k,
   }
   if (rc != SQLITE_ROW) {
     err = map_rc(rc);
+    goto out;
+  }
+  if (!sum_ok(st, DSPK__CACHE_AUTOTUNE, key, sqlite3_column_text(st, 2), 0,
+              (const char *)sqlite3_column_text(st, 3))) {
+    char what[320];
+    tune_what(k, what, sizeof what);
+    sqlite3_finalize(st);
+    st = NULL;
+    drop_row(c, DSPK__CACHE_AUTOTUNE, key, what, SUM_WHY);
+    err = DSPK_ENOENT;
+    if (count)
+      c->count[DSPK__CACHE_AUTOTUNE].misses++;
     goto out;
   }
   const char *v = (const char *)sqlite3_column_text(st, 0);
@@ -2184,9 +2387,9 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
       c->db,
       "INSERT OR REPLACE INTO autotune(key, tick, backend, device, arch, uuid,"
       " driver, op, shape, dtypes, layout, cands_hash, winner, timings, size,"
-      " created, last_used, hits)"
+      " created, last_used, hits, sum)"
       " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-      " ?15, ?16, ?16, 0)",
+      " ?15, ?16, ?16, 0, ?17)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
     put_failed(c, rc);
@@ -2204,6 +2407,9 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
   bind_str(st, 14, timings);
   sqlite3_bind_int64(st, 15, (int64_t)size);
   sqlite3_bind_int64(st, 16, now_s());
+  char sum[DSPK__HASH_HEX];
+  entry_sum(DSPK__CACHE_AUTOTUNE, key, winner, 0, timings, sum);
+  sqlite3_bind_text(st, 17, sum, -1, SQLITE_STATIC);
   err = put_commit(c, DSPK__CACHE_AUTOTUNE, st, 2, NULL);
 out:
   note_put(c, DSPK__CACHE_AUTOTUNE, err);
@@ -2243,7 +2449,7 @@ int dspk__cache_blob_get(struct dspk__cache *c, const char *name, void **data,
   if (!c || !name || !data || !len)
     return DSPK_EINVAL;
   pthread_mutex_lock(&c->mu);
-  int rc = sqlite3_prepare_v2(c->db, "SELECT data FROM blobs WHERE name = ?1",
+  int rc = sqlite3_prepare_v2(c->db, "SELECT data, sum FROM blobs WHERE name = ?1",
                               -1, &st, NULL);
   if (rc != SQLITE_OK) {
     err = map_rc(rc);
@@ -2251,6 +2457,14 @@ int dspk__cache_blob_get(struct dspk__cache *c, const char *name, void **data,
   }
   sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
   err = fetch_blob(st, data, len);
+  if (err == 0 && !sum_ok(st, DSPK__CACHE_BLOBS, name, *data, *len, NULL)) {
+    sqlite3_finalize(st);
+    st = NULL;
+    free(*data);
+    *data = NULL;
+    drop_row(c, DSPK__CACHE_BLOBS, name, name, SUM_WHY);
+    err = DSPK_ENOENT;
+  }
   sqlite3_finalize(st);
   st = NULL;
   if (err == 0) {
@@ -2280,7 +2494,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
   int rc = sqlite3_prepare_v2(
       c->db,
       "INSERT OR REPLACE INTO blobs(name, tick, data, size, created,"
-      " last_used, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?5, 0)",
+      " last_used, hits, sum) VALUES(?1, ?2, ?3, ?4, ?5, ?5, 0, ?6)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
     put_failed(c, rc);
@@ -2291,6 +2505,9 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
   sqlite3_bind_blob64(st, 3, len ? data : "", len, SQLITE_STATIC);
   sqlite3_bind_int64(st, 4, (int64_t)size);
   sqlite3_bind_int64(st, 5, now_s());
+  char sum[DSPK__HASH_HEX];
+  entry_sum(DSPK__CACHE_BLOBS, name, data, len, NULL, sum);
+  sqlite3_bind_text(st, 6, sum, -1, SQLITE_STATIC);
   err = put_commit(c, DSPK__CACHE_BLOBS, st, 2, NULL);
 out:
   note_put(c, DSPK__CACHE_BLOBS, err);

@@ -82,6 +82,15 @@ struct dspk__cache_opts {
    * ud is notice_ud.  Same thread and lock rules as notice.  The puts also
    * return the error, and dspk__cache_counts counts them (put_errors). */
   void (*put_result)(void *ud, int kind, int err, const char *detail);
+  /* Optional: told about every entry dropped (deleted) because it could not
+   * be used: its checksum did not match what a get read (the file was
+   * damaged: why "its checksum does not match its contents (damaged in
+   * the file)"), or a caller found what a get served unusable
+   * (dspk__cache_kernel_drop and the others: why is the caller's).  kind is
+   * an enum dspk__cache_kind, what names the entry for a log ("ramp for uid
+   * 1000 on llvmpipe (vulkan)", a decision's op, shape and dtypes, a blob's
+   * name); ud is notice_ud.  Same thread and lock rules as notice. */
+  void (*dropped)(void *ud, int kind, const char *what, const char *why);
 };
 
 /*
@@ -207,7 +216,10 @@ struct dspk__kernel_key {
 /*
  * Looks the kernel up.  On a hit returns 0 and writes *bin (malloc'd, the
  * caller frees it) and *len, and counts the hit.  Returns DSPK_ENOENT on a
- * miss, or another negative dspk_errno.
+ * miss, or another negative dspk_errno.  An entry whose stored checksum
+ * does not match what was read (the file was damaged) is never served: it
+ * is deleted, told to opts.dropped, and the get is a miss (DSPK_ENOENT,
+ * counted as one); the same holds for tune_get and blob_get.
  */
 int dspk__cache_kernel_get(struct dspk__cache *c,
                            const struct dspk__kernel_key *k, void **bin,
@@ -218,6 +230,15 @@ int dspk__cache_kernel_get(struct dspk__cache *c,
 int dspk__cache_kernel_put(struct dspk__cache *c,
                            const struct dspk__kernel_key *k, const void *bin,
                            size_t len);
+
+/* The kernel a get just served (0) could not be used (its binary is not
+ * valid for the device: a validator or the driver refused it): deletes it
+ * and counts that get as a miss rather than a hit, and tells opts.dropped
+ * with why (one phrase, for the daemon's log).  The caller then makes the
+ * kernel from its source as on a miss.  Returns 0 or a negative dspk_errno;
+ * best effort (a busy file keeps the row; the next put replaces it). */
+int dspk__cache_kernel_drop(struct dspk__cache *c, const struct dspk__kernel_key *k,
+                            const char *why);
 
 /* ---- autotune decisions --------------------------------------------------- */
 
@@ -239,6 +260,10 @@ int dspk__cache_tune_get(struct dspk__cache *c, const struct dspk__tune_key *k,
  * JSON by convention: {"cand":[ns,...],...}; may be NULL).  Both copied. */
 int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
                          const char *winner, const char *timings);
+/* As dspk__cache_kernel_drop, for a decision a get served that names no
+ * candidate of the caller's. */
+int dspk__cache_tune_drop(struct dspk__cache *c, const struct dspk__tune_key *k,
+                          const char *why);
 /* Removes the decision (a winner failed at launch: re-tune).  Returns 0
  * whether or not it existed. */
 int dspk__cache_tune_del(struct dspk__cache *c, const struct dspk__tune_key *k);
@@ -257,6 +282,9 @@ int dspk__cache_blob_get(struct dspk__cache *c, const char *name, void **data,
                          size_t *len); /* as kernel_get: *data malloc'd */
 int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
                          const void *data, size_t len);
+/* As dspk__cache_kernel_drop, for a blob a get served that its user could
+ * not take (FFTW refused the wisdom, VkFFT the plan). */
+int dspk__cache_blob_drop(struct dspk__cache *c, const char *name, const char *why);
 
 /* ---- stats and maintenance ------------------------------------------------ */
 

@@ -184,8 +184,10 @@ static void list_add(char *buf, size_t len, const char *id) {
 
 /* The devices that run raw kernels, said once at the start (raw_kernels
  * takes effect only then), and a warning for each id raw_kernels lists
- * that names no device open here: a typo (cuda:O for cuda:0) or a device
- * gone would otherwise change which devices run them without a word. */
+ * that names no device open here, or a device whose backend runs no raw
+ * kernels (cpu:0): a typo (cuda:O for cuda:0), a device gone or a device
+ * that cannot run them would otherwise change which devices run them
+ * (turning them off on every other one) without a word. */
 static void log_raw_kernels(struct dspkd *d) {
   const char *s = d->cfg.raw_kernels ? d->cfg.raw_kernels : "all";
   char on[DSPKD_MAX_DEVICES * 16] = "", off[DSPKD_MAX_DEVICES * 16] = "";
@@ -208,6 +210,9 @@ static void log_raw_kernels(struct dspkd *d) {
     struct device *dev = dspkd_device_find(d, p, n);
     if (!dev)
       dspkd_warn("raw_kernels: %.*s names no device open here: it runs nothing", (int)n, p);
+    else if (!dev->caps.dtypes[DSPK_OP_KERNEL] && !dev->kernels_off)
+      dspkd_warn("raw_kernels: %.*s runs no raw kernels (the %s backend has none): naming it "
+                 "runs nothing", (int)n, p, dev->be->name);
     p += n + (p[n] == ',');
   }
 }
@@ -305,6 +310,14 @@ struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct ds
   return best ? best : cpu ? cpu : soft;
 }
 
+int dspkd_device_caps_check(const struct device *dev, const struct dspk__op *op, char *msg,
+                            size_t len) {
+  if (op->kind == DSPK_OP_KERNEL && dev->kernels_off)
+    return dspk__fail(msg, len, DSPK_ENOTSUP, "kernel: raw kernels are turned off on %s "
+                      "(raw_kernels in the daemon's configuration)", dev->id);
+  return dspk__caps_check(&dev->caps, op, dev->id, msg, len);
+}
+
 void dspkd_device_none_why(struct dspkd *d, struct conn *c, const struct dspk__op *op,
                            char *buf, size_t len) {
   size_t at = 0;
@@ -313,8 +326,7 @@ void dspkd_device_none_why(struct dspkd *d, struct conn *c, const struct dspk__o
   for (int i = 0; i < d->ndevs && at + 1 < len; i++) {
     char why[160];
     int w;
-    if (!candidate(d, c, NULL, i) ||
-        dspk__caps_check(&d->devs[i].caps, op, d->devs[i].id, why, sizeof why) == 0)
+    if (!candidate(d, c, NULL, i) || dspkd_device_caps_check(&d->devs[i], op, why, sizeof why) == 0)
       continue;
     w = snprintf(buf + at, len - at, "%s%s", at ? "; " : "", why);
     if (w < 0)

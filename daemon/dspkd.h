@@ -765,8 +765,14 @@ struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
  * the least-loaded hardware device (each GPU through the first backend that
  * has it and runs op), else cpu:0, else a software device.  NULL: none. */
 struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct dspk__op *op);
+/* Whether dev runs op: 0, or ENOTSUP with why in msg: raw kernels turned off
+ * on it by raw_kernels ("kernel: raw kernels are turned off on vulkan:0
+ * (raw_kernels in the daemon's configuration)"), else dspk__caps_check's
+ * reason.  For a device named in a task and, for "any", each device's. */
+int dspkd_device_caps_check(const struct device *dev, const struct dspk__op *op, char *msg,
+                            size_t len);
 /* Why no device connection c may use runs op: each one's reason
- * (dspk__caps_check), joined with "; ", into buf (cut to len). */
+ * (dspkd_device_caps_check), joined with "; ", into buf (cut to len). */
 void dspkd_device_none_why(struct dspkd *d, struct conn *c, const struct dspk__op *op,
                            char *buf, size_t len);
 

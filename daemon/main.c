@@ -340,6 +340,16 @@ static void cache_put_result(void *ud, int kind, int err, const char *detail) {
   unlogged = 0;
 }
 
+/* The cache's dropped (opts.dropped): an entry it would have served was
+ * damaged in the file, or its user could not take it; it was deleted and is
+ * made again from its source as on a miss.  Logged once per entry (the
+ * next get is a miss). */
+static void cache_dropped(void *ud, int kind, const char *what, const char *why) {
+  (void)ud;
+  dspkd_warn("cache: dropped %s %s entry (%s): %s; it is made again as on a miss",
+             article(dspk__cache_kind_name(kind)), dspk__cache_kind_name(kind), what, why);
+}
+
 /* Opens the persistent cache: cfg.cache_path, else $CACHE_DIRECTORY/cache.db
  * (systemd's CacheDirectory=; the first of a colon list), else the cache's
  * own default ($XDG_CACHE_HOME/dspk/cache.db).  A location that cannot be
@@ -349,7 +359,8 @@ static int open_cache(struct dspkd *d) {
   struct dspkd_config *cfg = &d->cfg;
   struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes,
                                   .notice = cache_notice,
-                                  .put_result = cache_put_result};
+                                  .put_result = cache_put_result,
+                                  .dropped = cache_dropped};
   const char *path = cfg->cache_path ? cfg->cache_path : dspkd_paths_cache_dir_file();
   char warn[PATH_MAX + 256] = "";
   int err;

@@ -1192,12 +1192,7 @@ static int m_task_run(struct req *r) {
   /* Routing by the device's caps: a named device (or the buffers' one)
    * that lacks the op, the dtype or the kernel language answers ENOTSUP
    * now and runs nothing. */
-  if (j->op.kind == DSPK_OP_KERNEL && dev->kernels_off) {
-    err = fail(r, DSPK_ENOTSUP, "kernel: raw kernels are turned off on %s (raw_kernels in "
-               "the daemon's configuration)", dev->id);
-    goto fail;
-  }
-  if ((err = dspk__caps_check(&dev->caps, &j->op, dev->id, r->msg, sizeof r->msg)) < 0)
+  if ((err = dspkd_device_caps_check(dev, &j->op, r->msg, sizeof r->msg)) < 0)
     goto fail;
   if (dev->info.memory)
     lim.max_bytes = dev->info.memory;

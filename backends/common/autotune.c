@@ -564,6 +564,10 @@ int dspk__autotune_choose(struct dspk__cache *cache,
     int got = -1;
     if (cache && dspk__cache_tune_get(cache, &k, name, sizeof name) == 0) {
       got = index_of(req, name);
+      /* The key holds the hash of the candidates' names: a winner that is
+       * none of them was damaged in the file.  Dropped; tuned again. */
+      if (got < 0)
+        (void)dspk__cache_tune_drop(cache, &k, "its winner is none of the op's candidates");
       if (got >= 0 && (excluded >> got & 1))
         got = -1;
     }

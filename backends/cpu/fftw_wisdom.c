@@ -121,6 +121,10 @@ int dspk__fftw_wisdom_load(struct dspk__cache *c) {
     if (ok) {
       imported++;
       last_hash[dbl] = wisdom_hash(text);
+    } else {
+      /* Stored by this FFTW version for this cpu (the name says so): wisdom
+       * it refuses was damaged.  Dropped; the plans measure again. */
+      (void)dspk__cache_blob_drop(c, name, "FFTW refused it as wisdom");
     }
     free(text);
   }

@@ -204,7 +204,10 @@ static int make_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
       p->binlen = binlen;
       p->blob = strdup(name); /* NULL: its later uses are not counted, no more */
     } else {
+      /* Stored by a VkFFT of the same version for this device and driver
+       * (the name says so): one it refuses was damaged.  Made again. */
       free(bin);
+      (void)dspk__cache_blob_drop(d->env.cache, name, "VkFFT could not make its plan from it");
     }
   }
   if (r) {

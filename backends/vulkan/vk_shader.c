@@ -200,9 +200,30 @@ static int compile_client(struct dspk__dev *d, const char *src, const struct dsp
   return 0;
 }
 
-int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *src,
-                           const struct dspk__opctx *client, uint32_t **spv, size_t *nwords,
-                           char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]) {
+/* Drops the cached module of src (see dspk__vk_glsl_to_spirv) that a get
+ * served but that cannot be used (why: one phrase for the daemon's log), so
+ * that it is compiled again and never served again. */
+static void glsl_drop(struct dspk__dev *d, const char *name, const char *src,
+                      const struct dspk__opctx *client, const char *why) {
+  struct dspk__kernel_key k;
+  char owner[24];
+  if (!d->env.cache)
+    return;
+  if (client)
+    snprintf(owner, sizeof owner, "uid %u", (unsigned)client->owner);
+  key_of(d, name, client ? owner : NULL, src, &k);
+  (void)dspk__cache_kernel_drop(d->env.cache, &k, why);
+}
+
+/* dspk__vk_glsl_to_spirv, where lookup 0 skips the cache's get (the entry
+ * it served was dropped), and *cached (may be NULL) says whether the module
+ * came from the cache.  A client's module from the cache is not counted in
+ * kernel_cache_hits here: the caller counts it once the validator has taken
+ * it (dspk__vk_kernel), and drops it otherwise. */
+static int glsl_to_spirv(struct dspk__dev *d, const char *name, const char *src,
+                         const struct dspk__opctx *client, int lookup, int *cached,
+                         uint32_t **spv, size_t *nwords, char *log, size_t loglen,
+                         char cache_id[DSPK__HASH_HEX]) {
   struct dspk__kernel_key k;
   char owner[24];
   if (client)
@@ -210,12 +231,18 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
   key_of(d, name, client ? owner : NULL, src, &k);
   if (cache_id)
     cache_id[0] = '\0';
-  if (d->env.cache) {
+  if (cached)
+    *cached = 0;
+  if (d->env.cache && lookup) {
     void *bin;
     size_t len;
     if (dspk__cache_kernel_get(d->env.cache, &k, &bin, &len) == 0) {
-      if (len % 4 == 0 && len >= 20) {
-        d->kernel_cache_hits++;
+      /* What glslang gave: whole words, a header, the magic. */
+      if (len % 4 == 0 && len >= 20 && ((const uint32_t *)bin)[0] == 0x07230203) {
+        if (!client)
+          d->kernel_cache_hits++;
+        if (cached)
+          *cached = 1;
         *spv = bin;
         *nwords = len / 4;
         if (cache_id)
@@ -223,6 +250,8 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
         return 0;
       }
       free(bin);
+      (void)dspk__cache_kernel_drop(d->env.cache, &k, "not a SPIR-V module (no whole words, "
+                                                      "or no header with the magic 0x07230203)");
     }
   }
   int r = client ? compile_client(d, src, client, spv, nwords, log, loglen)
@@ -238,6 +267,16 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
       dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4) == 0 && cache_id)
     dspk__cache_kernel_id(&k, cache_id);
   return 0;
+}
+
+int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *src,
+                           const struct dspk__opctx *client, uint32_t **spv, size_t *nwords,
+                           char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]) {
+  int cached = 0;
+  int r = glsl_to_spirv(d, name, src, client, 1, &cached, spv, nwords, log, loglen, cache_id);
+  if (r == 0 && cached && client)
+    d->kernel_cache_hits++;
+  return r;
 }
 
 /* Stores a client's module compiled from src (see above), now that its
@@ -285,7 +324,10 @@ int dspk__vk_pcache_init(struct dspk__dev *d) {
                                   .pInitialData = data};
   VkResult vr = VK(CreatePipelineCache)(d->dev, &ci, NULL, &d->pcache);
   if (vr != VK_SUCCESS && data) {
-    /* Data the driver rejects: start empty. */
+    /* Data the driver rejects: start empty, and drop it (stored by this
+     * driver for this device, as the name says: it was damaged). */
+    (void)dspk__cache_blob_drop(d->env.cache, d->pcache_name,
+                                "the driver refused it as pipeline-cache data");
     ci.initialDataSize = 0;
     ci.pInitialData = NULL;
     vr = VK(CreatePipelineCache)(d->dev, &ci, NULL, &d->pcache);
@@ -655,13 +697,15 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   uint32_t *spv = NULL, *compiled = NULL;
   size_t nwords = 0, compiled_words = 0;
   char cache_id[DSPK__HASH_HEX] = "";
-  int r;
+  int r, cached = 0, lookup = 1;
+  const void *given = spirv;
   if (raw)
     trial_ahead(d);
+again:
   if (!spirv) {
     char log[2048] = "";
-    r = dspk__vk_glsl_to_spirv(d, name, src, raw ? ctx : NULL, &spv, &nwords, log,
-                               sizeof log, cache_id);
+    r = glsl_to_spirv(d, name, src, raw ? ctx : NULL, lookup, &cached, &spv, &nwords, log,
+                      sizeof log, cache_id);
     if (r) {
       /* The generated kernels always compile: a log here is a client's
        * (glslang's, "glsl: ..."; a refused #include as docs/protocol.md
@@ -672,6 +716,14 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     spirv = spv;
     nbytes = nwords * 4;
     compiled_words = nwords;
+  } else if (nbytes >= 20 && nbytes % 4 == 0 &&
+             !memcmp(spirv, &(const uint32_t){0x03022307}, 4)) {
+    /* SPIR-V allows either byte order; Vulkan takes the host's alone. */
+    r = dspk__vk_fail(ctx, DSPK_EINVAL,
+                      "spirv: the module's words are byte-swapped (its magic reads 0x03022307: "
+                      "SPIR-V of the other byte order); Vulkan takes SPIR-V in the host's "
+                      "byte order: swap each 4-byte word");
+    goto fail;
   } else if (nbytes < 20 || nbytes % 4 || memcmp(spirv, &(const uint32_t){0x07230203}, 4)) {
     r = dspk__vk_fail(ctx, DSPK_EINVAL,
                       "spirv: not a SPIR-V binary (%zu byte%s, needs a multiple of 4 "
@@ -702,6 +754,22 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     }
     r = dspk__vk_spv_validate_client(d, w, nbytes / 4, ctx ? ctx->cancel : NULL, msg,
                                      sizeof msg);
+    if (cached && r && r != DSPK_ENOMEM && r != DSPK_ECANCELED) {
+      /* The module the cache served was stored once the validator and
+       * the driver had taken it (glsl_store): refused now, it was damaged
+       * in the file.  Dropped, and compiled from the client's source as on
+       * a miss; never the client's error. */
+      glsl_drop(d, name, src, ctx, msg[0] ? msg : "the SPIR-V validator refused it");
+      free(copy);
+      free(spv);
+      spv = NULL;
+      spirv = given;
+      lookup = 0;
+      cached = 0;
+      goto again;
+    }
+    if (!r && cached)
+      d->kernel_cache_hits++;
     if (!r)
       r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
                              sizeof msg);

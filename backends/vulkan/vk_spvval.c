@@ -112,6 +112,19 @@ int dspk__vk_spv_validate_client(struct dspk__dev *d, const uint32_t *w, size_t 
   char lang[64];
   void *bin = NULL;
   size_t binlen = 0;
+  /* The header's reserved parts, which the validator does not check in
+   * full (it takes any Schema word) and a driver refuses with no word on
+   * why (lavapipe: VK_ERROR_UNKNOWN from vkCreateComputePipelines): the
+   * version's bytes 0 and 3, and the Schema word, must be 0 (SPIR-V 2.3,
+   * "Physical Layout"). */
+  if (nw >= 5 && (w[1] & 0xff0000ffu))
+    return dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: invalid SPIR-V module header: its "
+                      "version word (word 1) is 0x%08x, whose bytes 0 and 3 are reserved and "
+                      "must be 0 (0x00MMmm00 for version MM.mm)", (unsigned)w[1]);
+  if (nw >= 5 && w[4] != 0)
+    return dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: invalid SPIR-V module header: its "
+                      "Schema word (word 4) is %u; it is reserved and must be 0",
+                      (unsigned)w[4]);
   /* The id bound sizes the validator's tables (and vk_spvcheck.c's): a
    * module needs no more ids than it has words to use them in, and a
    * larger bound is refused before anything looks at it. */

@@ -18,6 +18,7 @@ import _thread
 import array as _array
 import collections
 import concurrent.futures
+import decimal
 import concurrent.futures._base as _cf
 import errno
 import fcntl
@@ -1717,7 +1718,7 @@ def _number(name: str, v: Any) -> float:
         if not math.isinf(f) or user_code(name, lambda: bool(v == f)):
             return f
     raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
-                                  % (name, _kind(v)))
+                                  % (name, _num_text(v)))
 
 
 def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
@@ -1765,12 +1766,12 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
                 return float(exact)  # int / int: correctly rounded, once
             except OverflowError:
                 raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
-                                              % (name, _kind(v))) from None
+                                              % (name, _num_text(v))) from None
         else:
             d = float(_dtypes._python_reals(np.array([exact], dtype=object))[0])
             if math.isinf(d):  # rounded to odd from beyond float64
                 raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
-                                              % (name, _kind(v)))
+                                              % (name, _num_text(v)))
     with np.errstate(over="ignore"):
         f = float(np.float32(d))
     # beyond f32's range: the double itself, which the daemon refuses (ERANGE)
@@ -1956,11 +1957,12 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
                 if "beyond" not in e.message:
                     raise
                 raise _errors.RangeError("%s: %s is out of %s range"
-                                         % (what, _kind(v), k)) from None
+                                         % (what, _num_text(v), k)) from None
         elif k in ("tensor", "i32", "u32", "i64"):
             v = _integer(what, v)
             if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
-                raise _errors.RangeError("%s: %d is out of %s range" % (what, v, k))
+                raise _errors.RangeError("%s: %s is out of %s range"
+                                         % (what, _num_text(v), k))
         out.append({k: v})
     return out
 
@@ -1992,6 +1994,27 @@ def _nbytes(shape: Tuple[int, ...], dt: np.dtype,
         raise _errors.LimitExceeded("shape %s: %d elements, more than the daemon's "
                                     "max_elements (%d)" % (shape, n, most))
     return n * dt.itemsize
+
+
+def _num_text(v: Any) -> str:
+    """A number for an error message, as the daemon names the client's (protocol.md
+    "Errors"): an int in full up to 128 bits; a larger int or a Fraction to 17
+    significant digits (10**400 as "1e+400": str() of an int past 4300 digits raises
+    ValueError); anything else as _kind says it."""
+    try:
+        if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+            n = int(v)
+            if n.bit_length() <= 128:
+                return str(n)
+            d = decimal.Decimal(n)
+        elif isinstance(v, fractions.Fraction):
+            d = decimal.Decimal(v.numerator) / decimal.Decimal(v.denominator)
+        else:
+            return _kind(v)
+        ctx = decimal.Context(prec=17, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+        return format(ctx.plus(d).normalize(ctx), "g")
+    except Exception:  # noqa: BLE001 - a value that will not be said: its kind says enough
+        return _kind(v)
 
 
 def _kind(v: Any) -> str:

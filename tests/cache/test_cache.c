@@ -1014,7 +1014,7 @@ static void test_empty_file(void **state) {
   assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
   dspk__cache_close(c);
   assert_int_equal(sql_int(p, "PRAGMA application_id"), 0x4453504b);
-  assert_int_equal(sql_int(p, "PRAGMA user_version"), 2);
+  assert_int_equal(sql_int(p, "PRAGMA user_version"), 3);
 }
 
 /* A cache made before caches were marked (application_id 0): the schema
@@ -1070,8 +1070,11 @@ static void test_unmarked_cache(void **state) {
   assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
   dspk__cache_close(c);
   assert_int_equal(count_corrupt(f->db), 0);
-  /* Migrated to version 2: a client's kernel names its owner. */
-  assert_int_equal(sql_int(f->db, "PRAGMA user_version"), 2);
+  /* Migrated to version 2: a client's kernel names its owner; to 3: every
+   * entry has its checksum (the old blob was served above: it matched). */
+  assert_int_equal(sql_int(f->db, "PRAGMA user_version"), 3);
+  assert_int_equal(sql_int(f->db, "SELECT (SELECT count(*) FROM kernels WHERE sum IS NULL)"
+                                  " + (SELECT count(*) FROM blobs WHERE sum IS NULL)"), 0);
   assert_int_equal(sql_int(f->db, "SELECT count(*) FROM kernels WHERE key = 'k1'"
                                   " AND owner = 'uid 1000'"), 1);
   assert_int_equal(sql_int(f->db, "SELECT count(*) FROM kernels WHERE key = 'k2'"
@@ -1080,6 +1083,98 @@ static void test_unmarked_cache(void **state) {
   c = open_ok(f->db, NULL);
   assert_int_equal(dspk__cache_blob_get(c, "old", &p, &n), 0);
   free(p);
+  dspk__cache_close(c);
+}
+
+/* What opts.dropped was told. */
+struct dropped_log {
+  int n, kind[8];
+  char what[8][320], why[8][320];
+};
+
+static void record_dropped(void *ud, int kind, const char *what, const char *why) {
+  struct dropped_log *l = ud;
+  if (l->n < 8) {
+    l->kind[l->n] = kind;
+    snprintf(l->what[l->n], sizeof l->what[0], "%s", what);
+    snprintf(l->why[l->n], sizeof l->why[0], "%s", why);
+  }
+  l->n++;
+}
+
+/* Entries damaged in place in the file (their bytes changed, the rows
+ * otherwise intact, as a bad sector or an edit by hand leaves them) are
+ * never served: each get is a miss, not a hit, the entry is deleted and
+ * opts.dropped told, and a put makes it again.  Before the checksums the
+ * gets served the damaged bytes as hits. */
+static void test_damaged_entries(void **state) {
+  struct fixture *f = *state;
+  struct dropped_log log = {0};
+  struct dspk__cache_opts o = {.dropped = record_dropped, .notice_ud = &log};
+  struct dspk__kernel_key k = base_kernel();
+  struct dspk__tune_key t = base_tune();
+  struct dspk__cache *c = open_ok(f->db, &o);
+  assert_int_equal(dspk__cache_kernel_put(c, &k, "SPIRV-OK", 8), 0);
+  assert_int_equal(dspk__cache_tune_put(c, &t, "direct", "{\"direct\":[1]}"), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "fftw-wisdom/f32", "(wisdom)", 8), 0);
+  dspk__cache_close(c);
+  /* Same sizes, other bytes; the key columns untouched. */
+  sql_on(f->db, "UPDATE kernels SET bin = X'0302230700000000ffffffff';"
+                "UPDATE autotune SET winner = 'fft';"
+                "UPDATE blobs SET data = '(wisdoM)';");
+  c = open_ok(f->db, &o);
+  void *p = (void *)1;
+  size_t n = 0;
+  char w[32];
+  assert_int_equal(dspk__cache_kernel_get(c, &k, &p, &n), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_tune_get(c, &t, w, sizeof w), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_blob_get(c, "fftw-wisdom/f32", &p, &n), DSPK_ENOENT);
+  assert_int_equal(log.n, 3);
+  const int kinds[3] = {DSPK__CACHE_KERNELS, DSPK__CACHE_AUTOTUNE, DSPK__CACHE_BLOBS};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(log.kind[i], kinds[i]);
+    assert_non_null(strstr(log.why[i], "checksum does not match"));
+  }
+  assert_string_equal(log.what[0], "k on NVIDIA H200 (cuda)");
+  assert_non_null(strstr(log.what[1], "fir n=2^16,k=2^6 f32 on AMD EPYC"));
+  assert_string_equal(log.what[2], "fftw-wisdom/f32");
+  struct dspk__cache_stats st;
+  assert_int_equal(dspk__cache_stats(c, &st), 0);
+  for (int i = 0; i < DSPK__CACHE_NKINDS; i++) {
+    assert_int_equal(st.kind[i].entries, 0); /* deleted */
+    assert_int_equal(st.kind[i].hits, 0);
+    assert_int_equal(st.kind[i].misses, 1);
+    assert_int_equal(st.kind[i].stored_hits, 0);
+  }
+  /* Made again as on a miss: stored and served. */
+  assert_int_equal(dspk__cache_kernel_put(c, &k, "SPIRV-OK", 8), 0);
+  assert_int_equal(dspk__cache_kernel_get(c, &k, &p, &n), 0);
+  assert_int_equal(n, 8);
+  assert_memory_equal(p, "SPIRV-OK", 8);
+  free(p);
+  /* An entry with its checksum intact that its user cannot take: dropped
+   * by the caller, that get no longer a hit. */
+  assert_int_equal(dspk__cache_kernel_drop(c, &k, "the validator refused it"), 0);
+  assert_int_equal(log.n, 4);
+  assert_int_equal(log.kind[3], DSPK__CACHE_KERNELS);
+  assert_string_equal(log.why[3], "the validator refused it");
+  assert_int_equal(dspk__cache_kernel_get(c, &k, &p, &n), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_blob_put(c, "b", "B", 1), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "b", &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_blob_drop(c, "b", "refused"), 0);
+  assert_int_equal(dspk__cache_tune_put(c, &t, "direct", NULL), 0);
+  assert_int_equal(dspk__cache_tune_get(c, &t, w, sizeof w), 0);
+  assert_int_equal(dspk__cache_tune_drop(c, &t, "no such candidate"), 0);
+  assert_int_equal(dspk__cache_stats(c, &st), 0);
+  assert_int_equal(st.kind[DSPK__CACHE_KERNELS].hits, 0);
+  assert_int_equal(st.kind[DSPK__CACHE_KERNELS].misses, 3);
+  assert_int_equal(st.kind[DSPK__CACHE_KERNELS].entries, 0);
+  assert_int_equal(st.kind[DSPK__CACHE_BLOBS].hits, 0);
+  assert_int_equal(st.kind[DSPK__CACHE_BLOBS].entries, 0);
+  assert_int_equal(st.kind[DSPK__CACHE_AUTOTUNE].hits, 0);
+  assert_int_equal(st.kind[DSPK__CACHE_AUTOTUNE].entries, 0);
+  assert_int_equal(log.n, 6);
   dspk__cache_close(c);
 }
 
@@ -2303,6 +2398,7 @@ int main(void) {
       T(test_foreign_database),
       T(test_empty_file),
       T(test_unmarked_cache),
+      T(test_damaged_entries),
       T(test_damaged_schema),
       T(test_missing_table),
       T(test_file_deleted),

@@ -2133,6 +2133,150 @@ def t_cachefailed(exe, tmp):
     d.stop()
 
 
+def entry_sum(kind, key, data):
+    """The checksum cache/cache.c stores with an entry of kind (0 kernels,
+    2 blobs) under key holding data: FNV-1a 128 over length-prefixed
+    fields, written here from the spec of the hash (docs/cache.md)."""
+    def field(b):
+        return struct.pack("<Q", len(b)) + b
+    h = 0x6c62272e07bb014262b821756295c58d
+    for byte in (field(b"sum/1") + field(struct.pack("<Q", kind)) + field(key.encode())
+                 + field(data)):
+        h = ((h ^ byte) * 0x0000000001000000000000000000013B) % (1 << 128)
+    return "%032x" % h
+
+
+def t_cachedamaged(exe, tmp):
+    """Round 19 (tester F): a kernels entry damaged in place in the cache
+    file (its SPIR-V words changed) was served at every start: each run of
+    the client's valid GLSL failed ECOMPILE quoting an opcode of no source
+    of the client's, and counted as a cache hit.  Now an entry whose stored
+    checksum does not match is dropped (deleted, one warning in the log) and
+    the kernel compiled from the source as on a miss; so is one whose
+    checksum matches but that the SPIR-V validator refuses (written whole
+    by hand here), and so is a damaged pipeline-cache blob."""
+    import sqlite3
+    db = os.path.join(tmp, "dmg.db")
+    args = ["--backends", "cpu,vulkan", "--cache", db]
+    d = Daemon(exe, tmp, args)
+    c = d.client()
+    vk = vulkan_ids_or_skip(d, c)
+    check(array(c.call("task.run", glsl_task(vk[0], KERNEL_OK))["outputs"][0])[0] == 7.0,
+          "the kernel runs")
+    check(kernel_entries(c) == 1, "stored")
+    c.close()
+    d.stop()  # the pipeline-cache blob is stored at the stop
+    # Undamaged, after a restart (probe 19 F5, docs/protocol.md status and
+    # cache.stats): three runs are one kernel taken from the file
+    # (kernel_cache_hits) but three cache hits (a lookup, then two uses of
+    # the pipeline the device holds).
+    d = Daemon(exe, tmp, args)
+    c = d.client()
+    for i in range(3):
+        c.call("task.run", glsl_task(vk[0], KERNEL_OK))
+    st = c.call("cache.stats", {})["kinds"]["kernels"]
+    dev = [x for x in c.call("status", {})["devices"] if x["id"] == vk[0]][0]["stats"]
+    check(dev["kernel_cache_hits"] == 1 and dev["kernels_compiled"] == 0, "status: %r" % dev)
+    check(st["hits"] == 3 and st["misses"] == 0, "cache.stats: %r" % st)
+    c.close()
+    d.stop()
+    junk = struct.pack("<5I", 0x07230203, 0x00010500, 0, 50, 0) + b"\xff\xff\xff\xff" * 8
+
+    def damage(whole):
+        con = sqlite3.connect(db)
+        (key,) = con.execute("SELECT key FROM kernels").fetchone()
+        if whole:
+            con.execute("UPDATE kernels SET bin = ?, sum = ? WHERE key = ?",
+                        (junk, entry_sum(0, key, junk), key))
+        else:
+            con.execute("UPDATE kernels SET bin = ? WHERE key = ?", (junk, key))
+        n = con.execute("UPDATE blobs SET data = substr(data, 1, length(data) - 1) ||"
+                        " X'5a' WHERE name LIKE 'vk-pipeline-cache/%'").rowcount
+        con.commit()
+        con.close()
+        return n
+
+    for whole in (False, True):
+        blobs = damage(whole)
+        d = Daemon(exe, tmp, args)
+        c = d.client()
+        for i in range(2):
+            out = c.call("task.run", glsl_task(vk[0], KERNEL_OK))["outputs"]
+            check(array(out[0])[0] == 7.0, "run %d after the damage (whole %s)" % (i, whole))
+        st = c.call("cache.stats", {})["kinds"]["kernels"]
+        dev = [x for x in c.call("status", {})["devices"] if x["id"] == vk[0]][0]["stats"]
+        log = d.logtext()
+        c.close()
+        d.stop()
+        why = ("its checksum does not match its contents" if not whole
+               else "spirv: invalid SPIR-V module")
+        check(re.search(r"warn: cache: dropped a kernels entry \(raw for uid \d+ on .*\(vulkan\)\):"
+                        r" %s.*; it is made again as on a miss" % re.escape(why), log),
+              "the drop logged (whole %s):\n%s" % (whole, log[-3000:]))
+        check(dev["kernels_compiled"] == 1 and dev["kernel_cache_hits"] == 0,
+              "compiled again, no file hit: %r" % dev)
+        # The first run a miss (the entry dropped, then stored again), the
+        # second a use of the kernel the device holds.
+        check(st["misses"] == 1 and st["hits"] == 1 and st["entries"] == 1,
+              "the damaged entry counted as a miss, not a hit: %r" % st)
+        check(blobs == 1 or whole, "a pipeline-cache blob to damage: %d" % blobs)
+        if not whole:
+            check("warn: cache: dropped a blobs entry (vk-pipeline-cache/" in log,
+                  "the damaged pipeline-cache blob dropped:\n%s" % log[-3000:])
+
+
+# A valid SPIR-V 1.3 compute module: GLCompute "main", LocalSize 1 1 1, no
+# resources (spirv-val --target-env vulkan1.3 takes it).
+SPV_MIN = [0x07230203, 0x00010300, 0, 5, 0, 0x00020011, 1, 0x0003000e, 0, 1, 0x0005000f, 5, 1,
+           0x6e69616d, 0, 0x00060010, 1, 17, 1, 1, 1, 0x00020013, 2, 0x00030021, 3, 2,
+           0x00050036, 2, 1, 0, 3, 0x000200f8, 4, 0x000100fd, 0x00010038]
+
+
+def t_spvheader(exe, tmp):
+    """Round 19 (tester F): a SPIR-V module whose header's Schema word (word
+    4, reserved, must be 0) was 1 passed SPIRV-Tools' validator, and lavapipe
+    then refused it with VK_ERROR_UNKNOWN, answered as "check the entry
+    point, bindings and push constants", which were all right.  The daemon
+    checks the header's reserved parts itself: the Schema word, and the
+    version word's reserved bytes (which the validator refuses only as
+    "Invalid SPIR-V header."); a byte-swapped module is named as such."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    vk = vulkan_ids_or_skip(d, c)
+
+    def task(words, fmt="<%dI"):
+        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
+                "options": {"lang": "spirv", "source": struct.pack(fmt % len(words), *words),
+                            "args": [{"tensor": 0}]}}
+    c.call("task.run", task(SPV_MIN))  # runs
+    for word, value, want in (
+            (4, 1, "spirv: invalid SPIR-V module header: its Schema word (word 4) is 1; it is "
+                   "reserved and must be 0"),
+            (4, 0xffffffff, "spirv: invalid SPIR-V module header: its Schema word (word 4) is "
+                            "4294967295; it is reserved and must be 0"),
+            (1, 0x00010301, "spirv: invalid SPIR-V module header: its version word (word 1) is "
+                            "0x00010301, whose bytes 0 and 3 are reserved and must be 0 "
+                            "(0x00MMmm00 for version MM.mm)"),
+            (1, 0x01010300, "spirv: invalid SPIR-V module header: its version word (word 1) is "
+                            "0x01010300, whose bytes 0 and 3 are reserved and must be 0 "
+                            "(0x00MMmm00 for version MM.mm)")):
+        w = list(SPV_MIN)
+        w[word] = value
+        e = c.expect_error("ECOMPILE", "task.run", task(w))
+        check(e.err["message"] == want, "word %d = %#x: %r" % (word, value, e.err))
+    e = c.expect_error("EINVAL", "task.run", task(SPV_MIN, ">%dI"))
+    check(e.err["message"] == "spirv: the module's words are byte-swapped (its magic reads "
+          "0x03022307: SPIR-V of the other byte order); Vulkan takes SPIR-V in the host's byte "
+          "order: swap each 4-byte word", "byte-swapped: %r" % e.err)
+    # The generator word is the producer's own, and an id bound above what
+    # the module uses (within the limit) is valid: both run.
+    w = list(SPV_MIN)
+    w[2], w[3] = 0xdeadbeef, 100
+    c.call("task.run", task(w))
+    c.close()
+    d.stop()
+
+
 def t_cachefailedcuda(exe, tmp):
     """A client's CUDA kernel that NVRTC compiles but the driver refuses to
     load (cuda:0 on the fake driver of tests/cuda/fake_libcuda.c, whose
@@ -4557,13 +4701,27 @@ def t_caps(exe, tmp):
         e = c.expect_error("ENOTSUP", "task.run", kernel(v["id"], "glsl", KERNEL_OK))
         check(e.err["message"] == "kernel: raw kernels are turned off on %s (raw_kernels in "
               "the daemon's configuration)" % v["id"], "message: %r" % e.err)
-        c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
+        # For "any", each device's reason: the configuration's for a device
+        # it turns them off on (probe 19 F3: "vulkan:0 runs no raw kernels").
+        e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
+        check(e.err["message"] == "no device runs this task (kernel: cpu:0 runs no raw kernels; "
+              "kernel: raw kernels are turned off on %s (raw_kernels in the daemon's "
+              "configuration))" % v["id"], "message for any: %r" % e.err)
         check(counters(c, v["id"]) == (0, 0, 0, 0), "nothing ran on %s: %r"
               % (v["id"], counters(c, v["id"])))
         c.close()
         d.stop()  # the log is whole once dspkd has exited
         check("info: raw kernels: run on no device; turned off on %s (raw_kernels = none)"
               % v["id"] in d.logtext(), "the start names the devices:\n" + d.logtext())
+        # A list naming only cpu:0, a device that can run none, turns them
+        # off everywhere: a warning says so (probe 19 F4), as for an id of
+        # no device.
+        d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels", "cpu:0"])
+        d.stop()
+        log = d.logtext()
+        check("info: raw kernels: run on no device; turned off on %s (raw_kernels = cpu:0)"
+              % v["id"] in log and "warn: raw_kernels: cpu:0 runs no raw kernels (the cpu "
+              "backend has none): naming it runs nothing" in log, "the log:\n" + log)
         d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels",
                               "cuda:3,%s" % v["id"]])
         c = d.client()
@@ -4596,8 +4754,8 @@ def t_caps(exe, tmp):
     log = d.logtext()
     check("info: raw kernels: run on no device (raw_kernels = cuda:0,vulkan:7)" in log
           and "warn: raw_kernels: cuda:0 names no device open here: it runs nothing" in log
-          and "warn: raw_kernels: vulkan:7 names no device open here: it runs nothing" in log,
-          "the log:\n" + log)
+          and "warn: raw_kernels: vulkan:7 names no device open here: it runs nothing" in log
+          and "runs no raw kernels" not in log, "the log:\n" + log)
     d = Daemon(exe, tmp, ["--backends", "cpu"])
     d.stop()
     log = d.logtext()
@@ -5760,6 +5918,8 @@ GROUPS = {
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "cachefailed": t_cachefailed,
+    "cachedamaged": t_cachedamaged,
+    "spvheader": t_spvheader,
     "cachefailedcuda": t_cachefailedcuda,
     "kernelbomb": t_kernelbomb,
     "kernelbuild": t_kernelbuild,
