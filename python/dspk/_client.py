@@ -3646,6 +3646,15 @@ class Client:
                     if self._closed is not None:
                         self._run_inbox()
                     return
+                d = self._rlog[-1].direct
+                while d is not None and d.got() < d.n:
+                    # An answer received in place: what more is there is taken now
+                    # (each count stored as above), without waiting.
+                    if not self._recv_nowait():
+                        if self._closed is not None:
+                            self._run_inbox()
+                            return
+                        break
             while self._file_step():
                 pass
             self._run_inbox()
@@ -3811,6 +3820,7 @@ class Client:
         assert d is not None
         if d.call is not None:
             self._inbox.append((self._answered, (d.msgid, d.call, {"size": d.n}, None)))
+        self._direct.pop(d.msgid, None)  # (harmless twice)
         self._rlog.append(_RState(st.tok, st.pos, 0, None, _new_unpacker()))
 
     def _run_inbox(self, strict: bool = True) -> None:
