@@ -3858,15 +3858,17 @@ class Client:
 
     def _answered(self, msgid: int, call: "_Call", value: Any,
                   exc: Optional[BaseException]) -> None:
-        """An answer's completion: its call leaves _pending (once), its future is
-        settled (again, harmlessly, where this runs twice)."""
+        """An answer's completion: its future is settled (again, harmlessly, where
+        this runs twice), then its call leaves _pending (once).  In that order: a
+        submit() future stays counted (_async, which keeps the reader thread
+        reading) until it is settled, wherever an interruption cuts this."""
+        self._settle_after(call.future, value, exc)
         with self._lock:
             if self._pending.get(msgid) is call:
                 del self._pending[msgid]
                 if call.is_async:
                     self._async -= 1  # (no call since the del)
             self._direct.pop(msgid, None)
-        self._settle_after(call.future, value, exc)
 
     def _dispatch(self, msg: Any) -> Optional[Tuple[Callable[..., Any], Tuple[Any, ...]]]:
         """The completion of one message (None: nothing to do): an answer's
@@ -4140,11 +4142,11 @@ class Client:
         while True:
             try:
                 with self._lock:
-                    while self._reading and self._async and self._closed is None \
-                            and self._thread is token:
+                    while self._reading and (self._async or self._owed()) and \
+                            self._closed is None and self._thread is token:
                         self._cond.wait(_SEND_RECHECK)
-                    if not self._async or self._closed is not None or \
-                            self._thread is not token:
+                    if not self._async and not self._owed() or \
+                            self._closed is not None or self._thread is not token:
                         if self._thread is token:
                             self._thread = None
                         self._cond.notify_all()
@@ -4152,7 +4154,8 @@ class Client:
                     self._reading, self._reader_ident = True, me
                 while self._closed is None:
                     with self._lock:
-                        if not self._async:
+                        # (work an interruption of another reader left: done first)
+                        if not self._async and not self._owed():
                             break
                     try:
                         self._read_once()
