@@ -1425,12 +1425,15 @@ class _RState(NamedTuple):
     """Where the reading of the connection stands (Client._rlog[-1]): the bytes of
     the receive ``tok`` (Client._held) are filed up to ``pos``; ``fed`` bytes went to
     ``unpacker`` (a message starts where it consumed them all); ``direct``: the
-    buffer.read answer being received in place, if any."""
+    buffer.read answer being received in place, if any; ``fresh``: bytes were fed
+    since the whole messages were last taken from the unpacker (work owed: the
+    answer may be whole there, with no byte more to come)."""
     tok: Any
     pos: int
     fed: int
     direct: Optional["_Direct"]
     unpacker: msgpack.Unpacker
+    fresh: bool = False
 
 
 class _Direct:
@@ -3685,6 +3688,8 @@ class Client:
         if self._inbox:
             return True
         st = self._rlog[-1]
+        if st.fresh:
+            return True
         d = st.direct
         if d is not None:
             return d.got() >= d.n
@@ -3759,7 +3764,12 @@ class Client:
         answer found at a message's start is received in place (_take_direct)."""
         st = self._rlog[-1]
         unpacker = st.unpacker
-        self._inbox.extend(unpacker)  # what a step before decoded whole
+        if st.fresh:
+            # The whole messages the last feed completed (an interruption before
+            # this leaves the state fresh: taken here by the next read).
+            self._inbox.extend(unpacker)
+            self._rlog.append(st._replace(fresh=False))
+            return True
         d = st.direct
         if d is not None:
             if d.got() < d.n:
@@ -3779,8 +3789,8 @@ class Client:
             end = pos + 1
         if end > pos:
             self._rlog.extend(_then(unpacker.feed, memoryview(buf)[pos:end],  # copies
-                                    _RState(tok, end, st.fed + end - pos, None, unpacker)))
-            self._inbox.extend(unpacker)
+                                    _RState(tok, end, st.fed + end - pos, None, unpacker,
+                                            True)))
             return True
         assert cut is not None
         self._take_direct(st, tok, buf, pos, k, cut[1])
