@@ -30,6 +30,7 @@ import logging
 import math
 import mmap
 import numbers
+import operator
 import os
 import select
 import socket as _socket
@@ -42,8 +43,8 @@ import weakref
 # The C module's socketpair(): its sockets own their descriptors from the start
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Set, Tuple, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple,
+                    Optional, Sequence, Set, Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
 import numpy as np
@@ -1404,6 +1405,58 @@ _KINDS: Dict[str, Callable[[Any], bool]] = {
 }
 
 
+def _then(fn: Callable[[Any], Any], arg: Any, value: Any) -> Iterator[Any]:
+    """An iterator, all C code, that calls ``fn(arg)`` and then yields ``value``:
+    ``lst.extend(_then(fn, arg, value))`` stores ``value`` if and only if ``fn(arg)``
+    returned, with no point in between where a signal handler runs (CPython runs
+    one only between bytecodes of Python code), so that the list records exactly
+    whether the step was done, wherever an interruption lands."""
+    return map(operator.itemgetter(1), zip(map(fn, (arg,)), (value,)))
+
+
+def _new_unpacker() -> msgpack.Unpacker:
+    # Text that is not valid UTF-8 (a device's name, a message) decodes with U+FFFD
+    # for what is bad, as bytes.decode(errors="replace"): the answer is still the
+    # protocol's, never a UnicodeDecodeError that closes the connection.
+    return msgpack.Unpacker(raw=False, unicode_errors="replace", max_buffer_size=0,
+                            ext_hook=_no_ext)
+
+
+class _RState(NamedTuple):
+    """Where the reading of the connection stands (Client._rlog[-1]): the bytes of
+    the receive ``tok`` (Client._held) are filed up to ``pos``; ``fed`` bytes went to
+    ``unpacker`` (a message starts where it consumed them all); ``direct``: the
+    buffer.read answer being received in place, if any; ``fresh``: bytes were fed
+    since the whole messages were last taken from the unpacker (work owed: the
+    answer may be whole there, with no byte more to come)."""
+    tok: Any
+    pos: int
+    fed: int
+    direct: Optional["_Direct"]
+    unpacker: msgpack.Unpacker
+    fresh: bool = False
+
+
+class _Direct:
+    """A buffer.read answer received straight into its destination ``into``:
+    ``recvs`` holds (token, bytes before, bytes received) of each recv_into, the
+    last stored by C code as the call returns (the first: the bytes copied from the
+    receive buffer)."""
+    __slots__ = ("msgid", "call", "into", "n", "recvs")
+
+    def __init__(self, msgid: int, call: Optional["_Call"], into: memoryview,
+                 have: int) -> None:
+        self.msgid = msgid
+        self.call = call
+        self.into = into
+        self.n = into.nbytes
+        self.recvs: List[Tuple[Any, int, int]] = [(None, 0, have)]
+
+    def got(self) -> int:
+        _, before, k = self.recvs[-1]
+        return before + k
+
+
 def _want(v: Any, kind: str, path: str) -> Any:
     """``v``, the field ``path`` of an answer, if of ``kind`` (_KINDS), else _Malformed."""
     if not _KINDS[kind](v):
@@ -2541,15 +2594,16 @@ class Client:
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
-        # Text that is not valid UTF-8 (a device's name, a message) decodes with
-        # U+FFFD for what is bad, as bytes.decode(errors="replace"): the answer is
-        # still the protocol's, never a UnicodeDecodeError that closes the connection.
-        self._unpacker = msgpack.Unpacker(raw=False, unicode_errors="replace",
-                                          max_buffer_size=0, ext_hook=_no_ext)
-        # Settles of answers read whose running an interruption cut (_read_once)
-        self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        # The reading's state, each step recorded by C code with the step itself
+        # (_read_once): (token, buffer, count) of each receive into _rbuf (the last
+        # counts), the position filed (_RState, the last counts), a token stored as
+        # each recv_into starts, and the messages decoded and their completions, in
+        # order, not yet run.
         self._rbuf = bytearray(_READ_CHUNK)
-        self._fed = 0                    # bytes fed to the unpacker
+        self._held: List[Tuple[Any, bytearray, int]] = []
+        self._rlog: List[_RState] = [_RState(None, 0, 0, None, _new_unpacker())]
+        self._rcalls: List[Any] = []
+        self._inbox: List[Any] = []
         # buffer.read answers received straight into their destination:
         # msgid -> (the answer frame's first bytes up to its data, destination)
         self._direct: Dict[int, Tuple[bytes, memoryview]] = {}
@@ -3066,26 +3120,32 @@ class Client:
         # What each sendmsg returned, appended by C code (list.extend of a map calls
         # sendmsg and stores its count without returning to Python code in between):
         # a signal handler runs only once the count is stored, so the bytes sent are
-        # always ``base + sum(counts)``, wherever an interruption lands.  ``calls``
-        # counts the calls made (no call between its update and sendmsg's): fewer
-        # counts than calls means an exception came out of the call itself, whose
-        # bytes are unknown.
+        # always ``base + sum(counts)``, wherever an interruption lands.  ``starts``
+        # gets an entry as each call starts, stored by C code in the same chain
+        # (_then: nothing runs between it and the call): more starts than counts
+        # means an exception came out of a call itself, whose bytes are unknown
+        # (``ours`` is the exception the socket raised, caught below: one that
+        # comes while it is handled came from no call).
         base = sent
         counts: List[int] = []
-        calls = 0
+        starts: List[None] = []
+        ours: Optional[BaseException] = None
         send = self._sock.sendmsg
         try:
             while views:
+                ours = None
                 try:
-                    calls += 1
-                    counts.extend(map(send, (views[:512],), (anc,), (_socket.MSG_DONTWAIT,)))
+                    counts.extend(map(send, _then(starts.append, None, views[:512]),
+                                      (anc,), (_socket.MSG_DONTWAIT,)))
                     n = counts[-1]
                 except (BlockingIOError, InterruptedError) as e:
+                    ours = e  # (first: no call before it)
                     if _foreign(e):
                         raise  # a signal handler's, out of the call: bytes unknown
-                    calls -= 1  # the socket's own: nothing sent
+                    counts.append(0)  # the socket's own: nothing sent
                     n = -1
                 except OSError as e:
+                    ours = e
                     if _foreign(e):
                         raise  # a signal handler's TimeoutError...: not a lost socket
                     raise _LostWhileSending(e) from None
@@ -3140,7 +3200,10 @@ class Client:
             # an OSError too) propagates; a message it cut closes the connection.  One
             # raised after the last byte went cut nothing: the request is pending.
             sent = base + sum(counts)
-            inside = len(counts) < calls  # raised by the send call itself
+            # raised by the send call itself: a call started whose count was not
+            # stored, and the exception is not one raised while the socket's own
+            # was handled
+            inside = len(counts) < len(starts) and (ours is None or e is ours)
             if sent == total and not inside and mark is not None:
                 mark._sent = True
             if inside and sent < total:
@@ -3163,7 +3226,6 @@ class Client:
         one files it: this waits (at most a second) until it has found the
         connection closed."""
         me = threading.get_ident()
-        ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         nested = True  # until this thread takes the reading: nothing to give back
         try:
             with self._lock:
@@ -3180,18 +3242,15 @@ class Client:
                 nested = self._reading
                 self._reading, self._reader_ident = True, me
             for _ in range(64):  # the socket's buffer is bounded: so is this
-                if self._protocol_error is not None:
+                if self._protocol_error is not None or self._closed is not None:
                     break
                 try:
-                    n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
-                except OSError as e:  # nothing queued (BlockingIOError), or reset
-                    if _foreign(e):
-                        raise
-                    break
-                if n <= 0:
-                    break
-                try:
-                    self._file(n, ready)
+                    while self._file_step():
+                        pass
+                    if not self._recv_nowait(lost=False):
+                        break  # nothing queued, or the connection is gone
+                    while self._file_step():
+                        pass
                 except Exception as e:  # noqa: BLE001 - undecodable: no notice to find
                     if _foreign(e):
                         raise
@@ -3200,7 +3259,7 @@ class Client:
             if not nested and self._reader_ident == me:  # no call before the store
                 self._reading, self._reader_ident = False, 0
                 self._readers_wake()
-        self._run_ready(ready)
+        self._run_inbox(strict=False)
 
     def _readers_wake(self) -> None:
         """Wakes the threads waiting for the reading thread to stop (it gave the
@@ -3265,16 +3324,32 @@ class Client:
             self._shared.pop(buf, None)  # its address may be mapped anew
             self._shared_refs.pop(buf, None)
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
+            # The count is stored by C code as sendmsg returns (see _write_locked),
+            # and the rest of a frame sent in part is written by _write_locked, which
+            # marks it whole: an interruption at any point cuts the stream (closes
+            # the connection) only where part of the frame went and not the rest.
+            got: List[int] = []
+            whole = types.SimpleNamespace(_sent=False)
             try:
-                n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
-            except OSError as e:
-                if _foreign(e):
-                    raise  # a signal handler's: the caller's (nothing of it was sent)
-                if isinstance(e, (BlockingIOError, InterruptedError)):
-                    return False  # nothing of it was sent: it goes later
-                return False  # the connection is going, and its buffers with it
-            if n < len(frame):  # a frame this small goes whole on a Unix socket
-                self._write_locked([memoryview(frame)[n:]], [], None, n)
+                try:
+                    got.extend(map(self._sock.sendmsg, ([frame],), ([],),
+                                   (_socket.MSG_DONTWAIT,)))
+                except OSError as e:
+                    if _foreign(e) or got:
+                        raise  # a signal handler's: the caller's
+                    if isinstance(e, (BlockingIOError, InterruptedError)):
+                        return False  # nothing of it was sent: it goes later
+                    return False  # the connection is going, and its buffers with it
+                if got[-1] < len(frame):  # a frame this small goes whole, nearly always
+                    self._write_locked([memoryview(frame)[got[-1]:]], [], None, got[-1],
+                                       mark=whole)  # type: ignore[arg-type]
+            except BaseException as e:
+                if got and 0 < got[-1] < len(frame) and not whole._sent and \
+                        self._closed is None:
+                    self._cut(_errors.Closed(
+                        "a request was cut after %d of its %d bytes by %s; the "
+                        "connection is closed" % (got[-1], len(frame), type(e).__name__)))
+                raise
             try:
                 self._dead_shared.remove(item)
             except ValueError:
@@ -3518,7 +3593,7 @@ class Client:
                     self._reading, self._reader_ident = True, me
                 while not fut.done() and not getattr(fut, "_queued", False):
                     if self._closed is not None:
-                        if self._owed_ready:  # answers read before: completed first
+                        if self._inbox:  # answers read before: completed first
                             self._read_once(0)
                             continue
                         # Everything pending failed; a future not among them (a staged
@@ -3567,179 +3642,182 @@ class Client:
         """Reads what the socket has, waiting at most ``wait`` seconds (None: for ever)
         for something, and files every whole message; then completes the futures
         answered, in order (their callbacks run here, once every byte read is filed,
-        so that a callback may read the connection in turn).
+        so that a callback may read the connection in turn).  Work an interruption
+        left (bytes received but not filed, answers filed but not completed) is done
+        first, without reading more.
 
-        An exception raised while waiting (KeyboardInterrupt) loses nothing.  Once
-        bytes are taken from the socket they must all be filed: an exception meanwhile
-        (KeyboardInterrupt, undecodable data) leaves the stream inside a message, so
-        the connection is closed (pending and later calls: dspk.Closed)."""
-        ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
-        if self._owed_ready:
-            # Answers read earlier whose futures an interruption kept from being
-            # completed: completed first (their waiters may wait on nothing else).
-            owed = self._owed_ready
-            self._owed_ready = []
-            try:
-                self._run_ready(owed)
-            finally:
-                if owed:
-                    self._owed_ready += owed
-            return
-        taking = False  # in recv, or holding bytes not yet filed
-        filing = False  # the bytes received are being filed
-        got: List[int] = []  # what recv returned, stored by C code (_recv_nowait)
+        Every step is resumable: the bytes received, the decoder's progress through
+        them and the messages decoded are the connection's (_held, _rlog, _inbox),
+        each updated by C code together with the step it records (_then), so an
+        interruption (a signal handler's KeyboardInterrupt) anywhere here cuts
+        nothing: it propagates, and the next read goes on where it stopped.  Only an
+        exception out of a receive system call itself leaves bytes unknown (a cut:
+        _recv_nowait closes the connection); bytes that do not decode as the
+        protocol's close it too (the callers get dspk.Closed)."""
         try:
-            ms = -1 if wait is None else min(max(0, math.ceil(wait * 1000)), _POLL_MAX_MS)
-            try:
-                if not self._poll.poll(ms):
-                    return  # nothing within wait (or a wait cut at _POLL_MAX_MS)
-            except (OSError, ValueError) as e:
-                if _foreign(e):
-                    raise  # a signal handler's: it cut nothing
-                # the socket is gone: recv says so
-            taking = True
-            n = self._recv_nowait(got)
-            if n is None:
+            if self._closed is not None:
+                self._run_inbox()  # answers read before the connection was lost
                 return
-            filing = True
-            if n > 0:
-                self._file(n, ready)
-            taking = False
-        except BaseException as e:
-            if not taking:
-                raise
-            if not filing and got and (not isinstance(e, Exception) or _foreign(e)):
-                # An interruption after recv returned, before the bytes received
-                # were filed: how many there are is known (got), so nothing is cut.
-                # They are filed, and the exception propagates, the connection
-                # usable.  (One raised by the recv call itself, got empty, leaves
-                # the bytes it took unknown: cut below.)
-                if got[-1] <= 0:  # end of stream: the connection is gone all the same
-                    self._connection_lost(self._protocol_error or _errors.Closed(
-                        "the daemon closed the connection"))
-                    raise
-                filing = True
+            if not self._owed():
+                ms = -1 if wait is None else \
+                    min(max(0, math.ceil(wait * 1000)), _POLL_MAX_MS)
                 try:
-                    self._file(got[-1], ready)
-                except BaseException:  # noqa: B036 - cut: closed below, e propagates
-                    pass
-                else:
-                    try:
-                        self._run_ready(ready)
-                    finally:
-                        if ready:
-                            self._owed_ready += ready
-                    raise
-            try:
-                self._run_ready(ready)
-            except BaseException:  # noqa: B036 - e propagates; these run later
+                    if not self._poll.poll(ms):
+                        return  # nothing within wait (or a wait cut at _POLL_MAX_MS)
+                except (OSError, ValueError) as e:
+                    if _foreign(e):
+                        raise  # a signal handler's: it cut nothing
+                    # the socket is gone: recv says so
+                if not self._recv_nowait():
+                    if self._closed is not None:
+                        self._run_inbox()
+                    return
+                d = self._rlog[-1].direct
+                while d is not None and d.got() < d.n:
+                    # An answer received in place: what more is there is taken now
+                    # (each count stored as above), without waiting.
+                    if not self._recv_nowait():
+                        if self._closed is not None:
+                            self._run_inbox()
+                            return
+                        break
+            while self._file_step():
                 pass
-            finally:
-                if ready:  # cut by a second interruption: owed (_pump_until runs them)
-                    self._owed_ready += ready
-            # The decoder's own error (bad bytes) closes the connection and the callers
-            # get dspk.Closed; what a signal handler raised (any exception, an OSError
-            # or a ValueError too), or KeyboardInterrupt, propagates as it is.
-            undecodable = isinstance(e, Exception) and not _foreign(e)
-            what = str(e) if isinstance(e, _NotProtocol) else \
-                "undecodable data from the daemon (%s)" % _errors._describe(e) \
-                if undecodable else \
-                "%s while an answer was being read" % type(e).__name__
-            self._cut(_errors.Closed(what + "; the connection is closed"))
-            if undecodable:
-                return  # the callers get dspk.Closed, not the decoder's error
-            raise
-        try:
-            self._run_ready(ready)
-        finally:
-            if ready:  # cut by an interruption (as _run_ready starts, say): owed
-                self._owed_ready += ready
-
-    def _recv_nowait(self, got: Optional[List[int]] = None) -> Optional[int]:
-        """Bytes received into _rbuf without waiting: None when there are none yet, 0
-        when the connection is gone (then closed here).  The count is also appended
-        to ``got`` by C code (list.extend of a map calls recv_into and stores what it
-        returns before any signal handler can run), so that an interruption after the
-        call returned does not lose it."""
-        if got is None:
-            got = []
-        try:
-            got.extend(map(self._sock.recv_into, (self._rbuf,), (0,),
-                           (_socket.MSG_DONTWAIT,)))
-            n = got[-1]
-        except OSError as e:
+            self._run_inbox()
+        except _NotProtocol as e:
             if _foreign(e):
-                raise  # a signal handler's: not the socket's
-            if isinstance(e, (BlockingIOError, InterruptedError)):
-                return None
-            # a reset: a protocol.error read before it still counts
-            self._connection_lost(self._protocol_error or _errors.Closed(
-                "connection to dspkd lost: %s" % (e.strerror or e)))
-            return 0
+                raise
+            self._undecodable(str(e))
+        except Exception as e:  # noqa: BLE001
+            if _foreign(e) or self._closed is not None:
+                raise  # a signal handler's (it cut nothing), or the connection's end
+            # The decoder's own error (bad bytes): the callers get dspk.Closed.
+            self._undecodable("undecodable data from the daemon (%s)"
+                              % _errors._describe(e))
+
+    def _undecodable(self, what: str) -> None:
+        """Bytes from the daemon that are no message of the protocol: the answers
+        decoded before them complete, then the connection is closed."""
+        try:
+            self._run_inbox(strict=False)
+        finally:
+            self._cut(_errors.Closed(what + "; the connection is closed"))
+            self._inbox.clear()
+
+    def _owed(self) -> bool:
+        """Whether work an interruption left is waiting: answers decoded but not
+        completed, bytes received but not filed, a buffer.read answer received whole
+        in place but not completed."""
+        if self._inbox:
+            return True
+        st = self._rlog[-1]
+        if st.fresh:
+            return True
+        d = st.direct
+        if d is not None:
+            return d.got() >= d.n
+        if not self._held:
+            return False
+        tok, _, k = self._held[-1]
+        return (st.pos if st.tok is tok else 0) < k
+
+    def _recv_nowait(self, lost: bool = True) -> Optional[int]:
+        """Receives what the socket has, without waiting, into the destination of the
+        buffer.read answer being received in place, else into _rbuf: the count
+        (None: nothing there; 0: the connection is gone, closed here).  The count is
+        stored by C code, in the same chain of C calls as the recv_into (list.extend
+        of a zip of a map: no signal handler runs in between), in a list of the
+        connection's (_held, or the answer's ``recvs``): an interruption as the call
+        returns loses no byte.  A token stored by C code as the call starts tells an
+        exception out of the call itself (EINTR and a handler's exception: the bytes
+        it took are unknown, so the stream is cut) from one before it.  Without
+        ``lost``, a connection found gone is left to the caller to close."""
+        st = self._rlog[-1]
+        d = st.direct
+        tok = object()
+        if d is not None:
+            got = d.got()
+            done, into, head = d.recvs, d.into[got:], ((tok,), (got,))
+        else:
+            if len(self._held) > 1:
+                del self._held[:-1]  # only the last counts
+            if len(self._rlog) > 1:
+                del self._rlog[:-1]
+            into = self._rbuf
+            done, head = self._held, ((tok,), (into,))
+        calls = self._rcalls
+        if calls:
+            del calls[:]
+        try:
+            done.extend(zip(*head, map(self._sock.recv_into, _then(calls.append, tok, into),
+                                       (0,), (_socket.MSG_DONTWAIT,))))
+        except BaseException as e:
+            if done and done[-1][0] is tok:
+                raise  # after the call returned: its bytes are held (filed later)
+            if not (calls and calls[-1] is tok):
+                raise  # before the call: nothing taken
+            if isinstance(e, OSError) and not _foreign(e):
+                if isinstance(e, (BlockingIOError, InterruptedError)):
+                    return None
+                # a reset: a protocol.error read before it still counts
+                if lost:
+                    self._connection_lost(self._protocol_error or _errors.Closed(
+                        "connection to dspkd lost: %s" % (e.strerror or e)))
+                return 0
+            # Out of the call itself (a handler run as it was interrupted): what it
+            # took is unknown, so the stream is inside a message.
+            self._cut(_errors.Closed(
+                "%s while an answer was being read (inside a receive system call, the "
+                "bytes it took unknown); the connection is closed" % type(e).__name__))
+            raise
+        n = done[-1][-1]
         if n == 0:
-            self._connection_lost(self._protocol_error or _errors.Closed(
-                "the daemon closed the connection"))
+            if lost:
+                self._connection_lost(self._protocol_error or _errors.Closed(
+                    "the daemon closed the connection"))
+        elif d is None and n == len(into) and n < 16 * _READ_CHUNK:
+            self._rbuf = bytearray(2 * n)  # a large answer: read more at once
         return n
 
-    def _run_ready(self, ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
-        """Runs the settles and progress calls that _file collected, in order.  The
-        callbacks they run swallow what they raise (TaskFuture.add_done_callback,
-        _progress); an exception that still comes out (KeyboardInterrupt from a signal
-        handler, on the main thread) is raised once all have run, so no future is left
-        pending."""
-        first: Optional[BaseException] = None
-        tries = 0
-        while ready:
-            try:
-                fn, args = ready[0]
-                tries += 1
-                fn(*args)
-                # Taken off only once run: an interruption before the call's body (a
-                # signal handler runs as a Python function starts) runs it once more
-                # (settling a future twice does nothing).
-                del ready[0]
-                tries = 0
-            except BaseException as e:  # noqa: B036
-                first = first or e
-                if tries >= 2 and ready:
-                    del ready[0]
-                    tries = 0
-            with self._lock:
-                self._cond.notify_all()
-        if first is not None:
-            raise first
-
-    def _file(self, n: int, ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]
-              ) -> None:
-        """Files the n bytes received at the start of _rbuf: whole messages to their
-        calls (into ``ready``), the rest into the unpacker."""
-        buf = self._rbuf
-        if n == len(self._rbuf) and n < 16 * _READ_CHUNK:  # a large answer: read more at once
-            self._rbuf = bytearray(2 * n)
-        pos = 0
-        while pos < n:
-            cut = self._find_direct(buf, pos, n) if self._direct else None
-            end = n if cut is None else cut[0]
-            if end > pos:
-                self._unpacker.feed(memoryview(buf)[pos:end])  # feed() copies
-                self._fed += end - pos
-                for msg in self._unpacker:
-                    self._dispatch(msg, ready)
-                pos = end
-            if cut is None:
-                break
-            if self._unpacker.tell() != self._fed:
-                # Not at a message's start: those bytes lie inside another message.
-                self._unpacker.feed(memoryview(buf)[pos:pos + 1])
-                self._fed += 1
-                pos += 1
-                for msg in self._unpacker:
-                    self._dispatch(msg, ready)
-                continue
-            took = self._take_direct(buf, pos, n, cut[1], ready)
-            if took < 0:
-                return
-            pos += took
+    def _file_step(self) -> bool:
+        """One step of filing the bytes received: False when none is left to do.
+        Whole messages go from the decoder to _inbox (list.extend: each one is in
+        the inbox once the decoder let it go); bytes are fed to the decoder and the
+        position recorded in one chain of C calls (_then); an awaited buffer.read
+        answer found at a message's start is received in place (_take_direct)."""
+        st = self._rlog[-1]
+        unpacker = st.unpacker
+        if st.fresh:
+            # The whole messages the last feed completed (an interruption before
+            # this leaves the state fresh: taken here by the next read).
+            self._inbox.extend(unpacker)
+            self._rlog.append(st._replace(fresh=False))
+            return True
+        d = st.direct
+        if d is not None:
+            if d.got() < d.n:
+                return False  # the rest comes from the socket
+            self._direct_done(st)
+            return True
+        if not self._held:
+            return False
+        tok, buf, k = self._held[-1]
+        pos = st.pos if st.tok is tok else 0
+        if pos >= k:
+            return False
+        cut = self._find_direct(buf, pos, k) if self._direct else None
+        end = k if cut is None else cut[0]
+        if end == pos and unpacker.tell() != st.fed:
+            # Not at a message's start: those bytes lie inside another message.
+            end = pos + 1
+        if end > pos:
+            self._rlog.extend(_then(unpacker.feed, memoryview(buf)[pos:end],  # copies
+                                    _RState(tok, end, st.fed + end - pos, None, unpacker,
+                                            True)))
+            return True
+        assert cut is not None
+        self._take_direct(st, tok, buf, pos, k, cut[1])
+        return True
 
     def _find_direct(self, buf: bytearray, pos: int, end: int) -> Optional[Tuple[int, int]]:
         """(offset, msgid) of the first awaited buffer.read answer that starts in
@@ -3751,52 +3829,86 @@ class Client:
                 best = (at, msgid)
         return best
 
-    def _take_direct(self, buf: bytearray, pos: int, end: int, msgid: int,
-                     ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> int:
-        """Receives the buffer.read answer msgid, which starts at buf[pos], straight
-        into its destination: the bytes of buf that belong to it are copied, the rest
-        comes from the socket into the destination itself.  Returns how many bytes of
-        buf it took (-1: the connection was lost)."""
-        with self._lock:
-            head, into = self._direct.pop(msgid)
-            call = self._pending.pop(msgid, None)
-            if call is not None and call.is_async:
-                self._async -= 1
+    def _take_direct(self, st: "_RState", tok: Any, buf: bytearray, pos: int, end: int,
+                     msgid: int) -> None:
+        """Starts receiving the buffer.read answer msgid, which starts at buf[pos],
+        straight into its destination: the bytes of buf that belong to it are copied
+        (again, harmlessly, where an interruption cut this before the state below was
+        stored), the rest comes from the socket into the destination itself
+        (_recv_nowait); the decoder is taken over by a fresh one once it is whole
+        (_direct_done)."""
+        head, into = self._direct[msgid]
+        call = self._pending.get(msgid)
         skip = len(head)
-        n = into.nbytes
-        have = min(n, end - pos - skip)
+        have = min(into.nbytes, end - pos - skip)
         into[:have] = memoryview(buf)[pos + skip:pos + skip + have]
-        got = have
-        while got < n:
-            try:
-                k = self._sock.recv_into(into[got:])
-            except OSError as e:
-                if _foreign(e):
-                    raise  # a signal handler's (the answer is cut: _read_once closes)
-                self._connection_lost(self._protocol_error or _errors.Closed(
-                    "connection to dspkd lost: %s" % (e.strerror or e)))
-                return -1
-            if k <= 0:
-                self._connection_lost(self._protocol_error or _errors.Closed(
-                    "the daemon closed the connection"))
-                return -1
-            got += k
-        self._unpacker = self._rebase_unpacker()
-        if call is not None:
-            ready.append((self._settle, (call.future, {"size": n})))
-        return skip + have
+        self._rlog.append(_RState(tok, pos + skip + have, st.fed,
+                                  _Direct(msgid, call, into, have), st.unpacker))
 
-    def _rebase_unpacker(self) -> msgpack.Unpacker:
-        """A fresh unpacker at a message boundary (the old one holds nothing: a frame
-        is taken over only at a boundary); _fed restarts at its position 0."""
-        self._fed = 0
-        return msgpack.Unpacker(raw=False, unicode_errors="replace", max_buffer_size=0,
-                                ext_hook=_no_ext)
+    def _direct_done(self, st: "_RState") -> None:
+        """The buffer.read answer received in place is whole: its completion goes to
+        the inbox (twice at worst, where an interruption cut this: the second does
+        nothing), and a fresh decoder starts at the message boundary after it."""
+        d = st.direct
+        assert d is not None
+        if d.call is not None:
+            self._inbox.append((self._answered, (d.msgid, d.call, {"size": d.n}, None)))
+        self._direct.pop(d.msgid, None)  # (harmless twice)
+        self._rlog.append(_RState(st.tok, st.pos, 0, None, _new_unpacker()))
 
-    def _dispatch(self, msg: Any,
-                  ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
-        """Files one message: a response's settle, or a task.progress call, goes into
-        ``ready`` (run by _read_once once every byte read is filed)."""
+    def _run_inbox(self, strict: bool = True) -> None:
+        """Completes what _inbox holds, in order: a message is decoded into its
+        completion (the inbox then holds that in its place: one store), which is run,
+        then taken off (by identity: a callback that read the connection in turn ran
+        it already).  An interruption leaves the rest for the next read; one that
+        lands after a completion ran, before it was taken off, runs it once more
+        (settling a future twice does nothing).  A message that is no message of the
+        protocol raises _NotProtocol (with ``strict``; else it is dropped)."""
+        inbox = self._inbox
+        while inbox:
+            item = inbox[0]
+            if type(item) is not tuple:  # a message, as the decoder gave it
+                try:
+                    entry = self._dispatch(item)
+                except _NotProtocol:
+                    if strict:
+                        raise
+                    entry = None
+                if inbox and inbox[0] is item:  # (no call in between)
+                    if entry is None:
+                        del inbox[0]
+                    else:
+                        inbox[0] = entry
+                continue
+            fn, args = item
+            fn(*args)
+            for i, x in enumerate(inbox):
+                if x is item:
+                    del inbox[i]
+                    break
+            with self._lock:
+                self._cond.notify_all()
+
+    def _answered(self, msgid: int, call: "_Call", value: Any,
+                  exc: Optional[BaseException]) -> None:
+        """An answer's completion: its future is settled (again, harmlessly, where
+        this runs twice), then its call leaves _pending (once).  In that order: a
+        submit() future stays counted (_async, which keeps the reader thread
+        reading) until it is settled, wherever an interruption cuts this."""
+        self._settle_after(call.future, value, exc)
+        with self._lock:
+            if self._pending.get(msgid) is call:
+                del self._pending[msgid]
+                if call.is_async:
+                    self._async -= 1  # (no call since the del)
+            self._direct.pop(msgid, None)
+
+    def _dispatch(self, msg: Any) -> Optional[Tuple[Callable[..., Any], Tuple[Any, ...]]]:
+        """The completion of one message (None: nothing to do): an answer's
+        (_answered), or a task.progress call's.  It changes nothing itself (a
+        protocol.error is noted, an unawaited answer's in-place read dropped, both
+        harmless twice), so that an interruption here leaves the message to be
+        dispatched again."""
         if not isinstance(msg, list) or len(msg) not in (3, 4) or \
                 not (msg[0] == 1 and len(msg) == 4 and _KINDS["uint"](msg[1]) or
                      msg[0] == 2 and len(msg) == 3 and isinstance(msg[1], str) and
@@ -3806,15 +3918,10 @@ class Client:
                                "result] nor [2, method, params]: %s" % (
                                    text if len(text) <= 80 else text[:77] + "..."))
         if msg[0] == 1:
-            # The call is taken off _pending only once its settle is in ``ready``: an
-            # interruption before that (which cuts the connection: its bytes were
-            # taken) leaves it pending, so that the cut fails it, rather than lose it.
-            with self._lock:
-                call = self._pending.get(msg[1])
+            call = self._pending.get(msg[1])
             if call is None:
-                with self._lock:
-                    self._direct.pop(msg[1], None)
-                return
+                self._direct.pop(msg[1], None)
+                return None
             fut = call.future
             what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
                 "request %d" % fut.msgid
@@ -3824,42 +3931,34 @@ class Client:
                 else:
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
-                entry: Tuple[Callable[..., Any], Tuple[Any, ...]] = \
-                    (self._settle_after, (fut, None, err))
-            else:
-                try:
-                    value = call.decode(msg[3]) if call.decode else msg[3]
-                except Exception as e:  # noqa: BLE001 - a bad answer fails its call only
-                    err = _as_error(e)
-                    if isinstance(e, _Malformed):
-                        err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
-                    elif not isinstance(err, Error):  # a malformed answer (KeyError...)
-                        err = _errors.ProtocolError("%s: a malformed answer (%s)" % (
-                            what, _errors._describe(e)))
-                    entry = (self._settle_after, (fut, None, err))
-                else:
-                    entry = (self._settle_after, (fut, value))
-            ready.append(entry)
-            with self._lock:
-                self._direct.pop(msg[1], None)
-                if self._pending.pop(msg[1], None) is not None and call.is_async:
-                    self._async -= 1
-            return
+                return (self._answered, (msg[1], call, None, err))
+            try:
+                value = call.decode(msg[3]) if call.decode else msg[3]
+            except Exception as e:  # noqa: BLE001 - a bad answer fails its call only
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the message is dispatched again
+                err = _as_error(e)
+                if isinstance(e, _Malformed):
+                    err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
+                elif not isinstance(err, Error):  # a malformed answer (KeyError...)
+                    err = _errors.ProtocolError("%s: a malformed answer (%s)" % (
+                        what, _errors._describe(e)))
+                return (self._answered, (msg[1], call, None, err))
+            return (self._answered, (msg[1], call, value, None))
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
         if msg[1] == "task.progress" and isinstance(params, dict):
-            with self._lock:
-                call = self._pending.get(params.get("msgid"))
+            call = self._pending.get(params.get("msgid"))
             if call is not None and call.progress is not None:
                 try:
                     what = _errors._wire_text(params.get("what"))
                     frac = float(params.get("fraction", 0.0))
                 except (TypeError, ValueError):
-                    return
-                ready.append((self._progress_post, (call.future, call.progress, what,
-                                                    frac)))
+                    return None
+                return (self._progress_post, (call.future, call.progress, what, frac))
         elif msg[1] == "protocol.error" and isinstance(params, dict):
             self._protocol_error = _errors.error_from(params)
+        return None
 
     # ---- the callbacks thread -----------------------------------------------------
 
@@ -4076,11 +4175,11 @@ class Client:
         while True:
             try:
                 with self._lock:
-                    while self._reading and self._async and self._closed is None \
-                            and self._thread is token:
+                    while self._reading and (self._async or self._owed()) and \
+                            self._closed is None and self._thread is token:
                         self._cond.wait(_SEND_RECHECK)
-                    if not self._async or self._closed is not None or \
-                            self._thread is not token:
+                    if not self._async and not self._owed() or \
+                            self._closed is not None or self._thread is not token:
                         if self._thread is token:
                             self._thread = None
                         self._cond.notify_all()
@@ -4088,7 +4187,8 @@ class Client:
                     self._reading, self._reader_ident = True, me
                 while self._closed is None:
                     with self._lock:
-                        if not self._async:
+                        # (work an interruption of another reader left: done first)
+                        if not self._async and not self._owed():
                             break
                     try:
                         self._read_once()

@@ -215,7 +215,10 @@ def test_interrupt_while_waiting_keeps_the_connection(fresh_daemon, alarm_interr
 def test_interrupt_while_reading_an_answer_closes_the_connection(client, nth):
     """An exception after bytes of an answer were taken from the socket (a signal
     handler's KeyboardInterrupt) lost them: later calls hung or failed with msgpack's
-    errors.  Now the connection is closed: dspk.Closed, at once."""
+    errors.  One that comes out of the receive call itself, as here (the wrapper's
+    recv_into took bytes and raises), leaves how many unknown: the connection is
+    closed, dspk.Closed at once.  (One that comes as the real call returns cuts
+    nothing: test_interrupt_points.py.)"""
     x = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: read in place, several recvs
     d = client.to_device(x, "cpu:0")
     sock = InterruptingSocket(client._sock)
