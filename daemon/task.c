@@ -810,6 +810,7 @@ void dspkd_job_execute(struct device *dev, struct job *j) {
       dev->be->free(dev->bdev, j->buf->mem);
     if (j->buf->host)
       dspkd_shm_release(dev, j->buf); /* after free: unpin, unmap */
+    dspkd_maps_put(dev->d, j->buf);
     free(j->buf);
     j->buf = NULL;
     break;
