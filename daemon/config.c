@@ -43,6 +43,7 @@
 #include "daemon/linger.h"
 #include "daemon/log.h"
 #include "daemon/paths.h"
+#include "proto/testhook.h"
 #include "proto/units.h"
 #include "proto/utf8.h"
 
@@ -155,6 +156,12 @@ static const struct key keys[] = {
      * device's memory, and four largest messages in incomplete frames. */
     {"limits", "max_user_clients", K_UINT, F(max_user_clients), 1, 1 << 20, true, IN_BOTH,
      NULL, "N", "open connections of one user (default: a quarter of max_clients, at least 1)"},
+    /* Memory mappings of one user's buffers: no fixed default either, a
+     * quarter of what vm.max_map_count leaves clients (dspkd_maps_budget). */
+    {"limits", "max_user_maps", K_UINT, F(max_user_maps), 1, 1 << 24, true, IN_BOTH, NULL,
+     "N", "memory mappings the daemon makes for one user's buffers (imported, shared, and "
+     "cpu buffers of 2 MiB and up) (default: a quarter of what vm.max_map_count leaves "
+     "clients)"},
     {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40,
      true, IN_BOTH, "1G", "SIZE",
      "bytes of incomplete messages of one user's connections together"},
@@ -220,12 +227,45 @@ static int key_index(const char *name) {
 static int store(const struct key *k, const char *value, bool from_file,
                  struct dspkd_config *cfg, char *why, size_t len);
 
+void dspkd_maps_budget(uint64_t max_map_count, uint64_t *clients, uint64_t *user) {
+  uint64_t reserve = max_map_count / 4;
+  if (reserve < DSPKD_MAPS_RESERVE_MIN)
+    reserve = DSPKD_MAPS_RESERVE_MIN;
+  if (reserve > max_map_count / 2)
+    reserve = max_map_count / 2;
+  *clients = max_map_count - reserve;
+  *user = *clients / 4 ? *clients / 4 : 1;
+}
+
+uint64_t dspkd_max_map_count(void) {
+  /* Test hook (proto/testhook.h): a small count, which a process cannot
+   * set for itself, so that tests reach the clients' ceiling. */
+  const char *e = DSPK_TEST_HOOK("DSPKD_TEST_MAX_MAP_COUNT");
+  unsigned long long v = 0;
+  FILE *f;
+  if (e && sscanf(e, "%llu", &v) == 1 && v > 0)
+    return (uint64_t)v;
+  if ((f = fopen("/proc/sys/vm/max_map_count", "re")) != NULL) {
+    if (fscanf(f, "%llu", &v) != 1)
+      v = 0;
+    fclose(f);
+  }
+  return v > 0 ? (uint64_t)v : DSPKD_MAX_MAP_COUNT_DEFAULT;
+}
+
 /* The defaults computed from other keys, for those left unset (0, below
  * every such key's lower bound) once the command line and the file are
- * read: max_user_clients, a quarter of max_clients (at least 1). */
+ * read: max_user_clients, a quarter of max_clients (at least 1); and the
+ * mappings: vm.max_map_count read again, the clients' share of it, and
+ * max_user_maps, a quarter of that share. */
 static void derive_defaults(struct dspkd_config *cfg) {
+  uint64_t user;
   if (cfg->max_user_clients == 0)
     cfg->max_user_clients = cfg->max_clients / 4 ? cfg->max_clients / 4 : 1;
+  cfg->max_map_count = dspkd_max_map_count();
+  dspkd_maps_budget(cfg->max_map_count, &cfg->maps_clients, &user);
+  if (cfg->max_user_maps == 0)
+    cfg->max_user_maps = user;
 }
 
 /* Warns of limits that are each in range but together never apply (at

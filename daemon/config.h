@@ -103,6 +103,19 @@ void dspkd_config_job_state_check(dspkd_job_state_check *check);
  * max_clients. */
 void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long long was);
 
+/* The memory mappings of clients' buffers (docs/admin.md, "Memory
+ * mappings"): of max_map_count (vm.max_map_count), a reserve stays the
+ * daemon's own (its libraries, threads, heap, read buffers, the device
+ * pools): a quarter of it, at least DSPKD_MAPS_RESERVE_MIN but at most half.
+ * Writes the rest, what all users' buffers together may map (*clients), and
+ * the default of max_user_maps, a quarter of that, at least 1 (*user). */
+#define DSPKD_MAPS_RESERVE_MIN 16384
+#define DSPKD_MAX_MAP_COUNT_DEFAULT 65530 /* the kernel's default, when unreadable */
+void dspkd_maps_budget(uint64_t max_map_count, uint64_t *clients, uint64_t *user);
+/* vm.max_map_count (/proc/sys/vm/max_map_count), or
+ * DSPKD_MAX_MAP_COUNT_DEFAULT when it cannot be read. */
+uint64_t dspkd_max_map_count(void);
+
 /* 1 when a peer with these credentials may connect: the allow lists are
  * empty, or it is root or the daemon's own user, or it is listed (its uid,
  * its primary group or one of its supplementary groups). */

@@ -765,15 +765,19 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     }
     if (k && k->refs == 1 && k->start == 0 && !atomic_load(&k->pin_dev)) {
       nk = realloc(k, sizeof(*k) + cap);
-      if (!nk)
+      if (!nk) {
+        c->rb_nomem = cap;
         return;
+      }
     } else {
       /* Jobs hold the old buffer (their inline data lives in it), or a
        * runner registered its pages (they must not move): move only the
        * unconsumed bytes, a partial frame, into a fresh one. */
       nk = chunk_new(cap);
-      if (!nk)
+      if (!nk) {
+        c->rb_nomem = cap;
         return;
+      }
       chunk_take_pending(nk, k, pending);
     }
     nk->cap = cap;
@@ -953,8 +957,10 @@ static void peek_alloc(struct conn *c, uv_buf_t *buf) {
       k->end = pending;
     } else if (pending + PEEK_MIN <= RCHUNK_MIN) {
       struct rchunk *nk = chunk_new(RCHUNK_MIN);
-      if (!nk)
+      if (!nk) {
+        c->rb_nomem = RCHUNK_MIN;
         return;
+      }
       nk->cap = RCHUNK_MIN;
       chunk_take_pending(nk, k, pending);
       c->rb = k = nk;
@@ -1466,6 +1472,19 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
              (unsigned long long)(c->over_others + c->over_need),
              (unsigned long long)c->d->cfg.max_user_partial);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
+    return;
+  }
+  if (n == UV_ENOBUFS && c->rb_nomem) {
+    /* The daemon's own shortage (out of memory, or of memory mappings,
+     * vm.max_map_count): the client is told and the log says so, never a
+     * silent reset (probe 19 H2). */
+    char msg[256];
+    snprintf(msg, sizeof msg, "the daemon cannot allocate a read buffer of %zu bytes for "
+             "this connection's next message (out of memory): not the client's fault, try "
+             "again later", c->rb_nomem);
+    if (dspkd_log_client_line_ok((long)c->uid, DSPKD_WARN))
+      dspkd_warn(DSPKD_PEER_FMT ": closed: %s", DSPKD_PEER_ARGS(c), msg);
+    conn_protocol_error(c, DSPK_ENOMEM, msg);
     return;
   }
   if (n == UV_EOF && !conn_peer_gone(c)) {

@@ -83,6 +83,14 @@ struct dspkd_config {
   size_t max_user_clients;  /* open connections of one user */
   uint64_t max_user_partial; /* read-buffer bytes (incomplete frames) of one user */
   uint64_t max_user_unsent;  /* answers (unsent + reserved) of one user's connections */
+  /* Memory mappings the daemon makes for one user's buffers (daemon/shm.c,
+   * dspkd_maps_take); 0 until derive_defaults sets it from maps_clients. */
+  uint64_t max_user_maps;
+  /* Derived, not a key: vm.max_map_count as read at start or at the last
+   * reload, and the share of it that all users' buffers together may map
+   * (dspkd_maps_budget). */
+  uint64_t max_map_count;
+  uint64_t maps_clients;
   uint64_t max_user_memory; /* bytes per device of one user; 0: half the device's */
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
@@ -215,6 +223,11 @@ struct dbuf {
   bool host_direct;
   bool host_registered;  /* backend host_register succeeded */
   int share_fd;          /* buffer.share: the memfd until its answer takes it */
+  /* The memory mapping made for it (daemon/shm.c, dspkd_maps_take): its
+   * user, whose count and the daemon's the runner lowers once it is unmapped
+   * (dspkd_maps_put), or NULL when none is counted.  Set before the create
+   * job is queued. */
+  struct duser *map_user;
   struct mpin *pin;      /* runner only: answers sent from mem, or NULL */
   int landing;           /* loop only: its refs held by buffer.write jobs whose
                             data the loop received into mem itself (landed) */
@@ -412,6 +425,10 @@ struct duser {
   size_t nfds;                        /* received descriptors not yet claimed, beyond
                                        * the first of each connection (shm.c) */
   size_t share_fds;                   /* buffer.share memfds not yet read (shm.c) */
+  /* Memory mappings made for its buffers (shm.c, dspkd_maps_take): raised
+   * on the loop, lowered by a runner once unmapped; the struct is kept while
+   * it is above 0 (dspkd_user_gc). */
+  _Atomic uint64_t maps;
   /* Bytes and messages handled in this turn of the loop, and the loop's
    * time spent on them (daemon/conn.c); turn_over: the turn is used up. */
   uint64_t turn_bytes, turn_msgs, turn_ns, turn_ms, turn_gen;
@@ -475,6 +492,9 @@ struct conn {
   size_t creating;          /* buffer.create jobs in flight */
   uint64_t rbytes;          /* bytes of rb counted in user->rbytes */
   bool over_partial;        /* the read buffer could not grow: max_user_partial */
+  size_t rb_nomem;          /* the read buffer of this many bytes could not be
+                               allocated (the daemon's shortage: on_read answers
+                               protocol.error ENOMEM, logged), or 0 */
   /* Then: the bytes of the message held, the least size the whole message
    * can have (dspk__frame_need), and the user's other read buffers. */
   uint64_t over_pending, over_need, over_others;
@@ -552,6 +572,7 @@ struct dspkd {
   size_t share_fds;         /* buffer.share memfds of every user not yet read
                                (daemon/shm.c, DSPKD_MAX_USER_SHARES) */
   struct dspkd_parked *parked; /* connections closed with those unread (shm.c) */
+  _Atomic uint64_t client_maps; /* mappings of every user's buffers (shm.c) */
   struct djob *jobs;        /* daemon/jobs.c: registered Slurm jobs */
   size_t njobs;
   /* The last DSPKD_ENDED_SLOTS jobs ended, a ring (slot nended % the size
@@ -740,6 +761,26 @@ uint64_t dspkd_fds_need(const struct dspkd_config *cfg);
  * what RLIMIT_NOFILE leaves beyond dspkd_fds_need, at least
  * DSPKD_MAX_USER_SHARES. */
 uint64_t dspkd_shm_share_max(const struct dspkd *d);
+/* Memory mappings made for clients' buffers (docs/protocol.md, "Quotas",
+ * max_user_maps): the kernel bounds a process's mappings (vm.max_map_count)
+ * and a full count fails every later mmap and brk of the daemon, for every
+ * user.  Loop: whether a buffer of size bytes on dev, of shared memory or
+ * not (shared), takes a mapping of its own (an imported or shared buffer;
+ * a cpu buffer of DSPKD_CPU_MAP_MIN and up, backends/cpu/cpu.c). */
+#define DSPKD_CPU_MAP_MIN ((uint64_t)2 << 20) /* DSPK__CPU_BIG_BLOCK */
+bool dspkd_maps_needed(const struct device *dev, uint64_t size, bool shared);
+/* Loop: 0 when r's user may have one more mapping made for its buffers;
+ * else ELIMIT with r->msg saying which bound (max_user_maps: the user's;
+ * the clients' share of vm.max_map_count: the daemon's shortage, logged),
+ * what names the request (method). */
+int dspkd_maps_check(struct req *r, const char *method);
+/* Loop: counts b's mapping on its connection's user and the daemon. */
+void dspkd_maps_take(struct conn *c, struct dbuf *b);
+/* Runner (or loop): b's mapping is gone: its count is lowered. */
+void dspkd_maps_put(struct dspkd *d, struct dbuf *b);
+/* Logs (info) the mappings rule in force: vm.max_map_count, the clients'
+ * share and max_user_maps. */
+void dspkd_shm_report_maps(const struct dspkd_config *cfg);
 /* Logs (info) whether shared buffers can get 2 MiB pages on this host. */
 void dspkd_shm_report_pages(void);
 int dspkd_m_buffer_import(struct req *r);

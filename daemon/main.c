@@ -661,6 +661,7 @@ int main(int argc, char **argv) {
   if (dspkd_devices_start(d) != 0)
     goto out_devices;
   dspkd_shm_report_pages();
+  dspkd_shm_report_maps(cfg);
   /* The Slurm jobs registered before a restart, matched to the devices
    * just opened, before any client is served (daemon/jobstate.c). */
   dspkd_jobstate_load(d);

@@ -602,6 +602,8 @@ int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *
     b->file_ino = file->st_ino;
   }
   b->share_fd = share_fd;
+  if (dspkd_maps_needed(dev, size, host != NULL)) /* checked by the caller */
+    dspkd_maps_take(c, b);
   j->buf = b;
   j->refs[j->nrefs++] = b;
   if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
@@ -632,6 +634,8 @@ static int m_buffer_create(struct req *r) {
   if (!(dev = resolve_device(r, devname, NULL, &err)))
     return err;
   if ((err = dspkd_buffer_fits(r, dev, size)) < 0)
+    return err;
+  if (dspkd_maps_needed(dev, size, false) && (err = dspkd_maps_check(r, "buffer.create")) < 0)
     return err;
   return dspkd_buffer_submit(r, dev, size, NULL, NULL, -1);
 }

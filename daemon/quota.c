@@ -27,11 +27,28 @@
 
 #include "daemon/dspkd.h"
 
+/* Whether u is no longer needed: no connection, no buffer.share memfd
+ * counted, no mapping of its buffers (a runner lowers that count once the
+ * last is unmapped, after its connections are gone: the struct is freed
+ * then by the next dspkd_user_get's sweep). */
+static bool user_unused(struct duser *u) {
+  return u->nconns == 0 && u->share_fds == 0 && atomic_load(&u->maps) == 0;
+}
+
 struct duser *dspkd_user_get(struct dspkd *d, uid_t uid) {
-  struct duser *u;
-  for (u = d->users; u; u = u->next)
-    if (u->uid == uid)
-      break;
+  struct duser *u = NULL;
+  for (struct duser **p = &d->users; *p;) {
+    struct duser *o = *p;
+    if (o->uid == uid) {
+      u = o;
+      p = &o->next;
+    } else if (user_unused(o)) {
+      *p = o->next;
+      free(o);
+    } else {
+      p = &o->next;
+    }
+  }
   if (!u) {
     if (!(u = calloc(1, sizeof(*u))))
       return NULL;
@@ -51,7 +68,7 @@ void dspkd_user_put(struct dspkd *d, struct duser *u) {
 }
 
 void dspkd_user_gc(struct dspkd *d, struct duser *u) {
-  if (u->nconns > 0 || u->share_fds > 0)
+  if (!user_unused(u))
     return;
   for (struct duser **p = &d->users; *p; p = &(*p)->next) {
     if (*p == u) {

@@ -44,6 +44,21 @@
  * descriptor the daemon had no descriptor left to receive (the kernel drops
  * it in recvmsg) or to keep (F_DUPFD fails) is answered ELIMIT saying so,
  * never EINVAL: the client did send it.
+ *
+ * Memory mappings are bounded the same way (docs/protocol.md, "Quotas",
+ * max_user_maps): every imported or shared buffer is a mapping of its own
+ * (even many imports of one 4 KiB memfd), and the kernel lets a process have
+ * vm.max_map_count of them; at that count every later mmap, brk and thread
+ * stack of the daemon fails, for every user (probe 19 H1: one user's 65536
+ * imports left others ENOMEM, silent resets, no connect).  The mappings
+ * made for clients' buffers are counted on their user and the daemon
+ * (dspkd_maps_take, lowered by the runner once unmapped: dspkd_maps_put);
+ * past max_user_maps, or past the share of vm.max_map_count the daemon
+ * leaves clients (the rest its own reserve: dspkd_maps_budget), a request
+ * that would make one is ELIMIT before anything is mapped.  A mapping the
+ * kernel refuses all the same (ENOMEM: out of memory, or the count filled
+ * by the daemon's own) is the daemon's shortage, answered as such, never
+ * the client's EINVAL.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -413,6 +428,98 @@ void dspkd_shm_answer_failed(struct conn *c, struct wreq *wr, int status) {
 
 #define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
+/* ---- memory mappings of clients' buffers ------------------------------- */
+
+bool dspkd_maps_needed(const struct device *dev, uint64_t size, bool shared) {
+  return shared || (strcmp(dev->be->name, "cpu") == 0 && size >= DSPKD_CPU_MAP_MIN);
+}
+
+/* Logs a refusal for the daemon's own shortage (what: its words): a
+ * warning at most once a minute, the rest at debug, so that a client cannot
+ * flood the log (as log_lost does for descriptors). */
+static void log_shortage(struct conn *c, const char *what) {
+  static uint64_t last_ms, unlogged;
+  uint64_t now = dspkd_now_ms();
+  if (last_ms && now - last_ms < 60000) {
+    unlogged++;
+    dspkd_debug("client %llu: %s", (unsigned long long)c->id, what);
+    return;
+  }
+  dspkd_warn(DSPKD_PEER_FMT ": %s (%llu more since the last such line; logged at most once a "
+             "minute; docs/admin.md, \"Memory mappings\")", DSPKD_PEER_ARGS(c), what,
+             (unsigned long long)unlogged);
+  last_ms = now;
+  unlogged = 0;
+}
+
+int dspkd_maps_check(struct req *r, const char *method) {
+  struct conn *c = r->c;
+  struct dspkd *d = c->d;
+  uint64_t all = atomic_load(&d->client_maps), lim = d->cfg.max_user_maps;
+  uint64_t mine = c->user ? atomic_load(&c->user->maps) : 0;
+  char what[320];
+
+  if (c->user && mine >= lim)
+    return fail(r, DSPK_ELIMIT, "%s: this user's buffers hold %" PRIu64 " memory mapping%s "
+                "of the daemon, at most %" PRIu64 " (max_user_maps; each imported or shared "
+                "buffer takes one, and each cpu buffer of 2 MiB and up): free some first",
+                method, mine, mine == 1 ? "" : "s", lim);
+  if (all >= d->cfg.maps_clients) {
+    snprintf(what, sizeof what, "%s: refused: the buffers of all users hold %" PRIu64
+             " memory mappings, the share of vm.max_map_count %" PRIu64 " the daemon "
+             "leaves them", method, all, d->cfg.max_map_count);
+    log_shortage(c, what);
+    r->logged = true;
+    return fail(r, DSPK_ELIMIT, "%s: the daemon has no memory mapping left for clients' "
+                "buffers (all users' buffers hold %" PRIu64 ", what vm.max_map_count %" PRIu64
+                " leaves them): not this client's fault, try again later", method, all,
+                d->cfg.max_map_count);
+  }
+  return 0;
+}
+
+void dspkd_maps_take(struct conn *c, struct dbuf *b) {
+  if (!c->user)
+    return;
+  b->map_user = c->user;
+  atomic_fetch_add(&c->user->maps, 1);
+  atomic_fetch_add(&c->d->client_maps, 1);
+}
+
+void dspkd_maps_put(struct dspkd *d, struct dbuf *b) {
+  struct duser *u = b->map_user;
+  if (!u)
+    return;
+  b->map_user = NULL;
+  atomic_fetch_sub(&d->client_maps, 1);
+  atomic_fetch_sub(&u->maps, 1); /* the last touch: the loop may free u after it */
+}
+
+void dspkd_shm_report_maps(const struct dspkd_config *cfg) {
+  dspkd_info("memory mappings: vm.max_map_count %" PRIu64 ", of which clients' buffers may "
+             "take %" PRIu64 " (the rest is the daemon's reserve), one user's %" PRIu64
+             " (max_user_maps)", cfg->max_map_count, cfg->maps_clients, cfg->max_user_maps);
+}
+
+/* The answer to a mapping the kernel refused (err: mmap's errno) of what
+ * (the method): the client's fault (EACCES: a descriptor opened read-only;
+ * EPERM: a memfd sealed against writing) is EINVAL with the remedy
+ * (client_fault, NULL for buffer.share, whose memfd is the daemon's); any
+ * other (ENOMEM: out of memory or of mappings, EAGAIN, ENFILE) is the
+ * daemon's shortage, ENOMEM, logged. */
+static int map_failed(struct req *r, const char *what, int err, const char *client_fault) {
+  char line[256];
+  if (client_fault && (err == EACCES || err == EPERM))
+    return fail(r, DSPK_EINVAL, "%s: cannot map the memfd read-write (%s): %s", what,
+                strerror(err), client_fault);
+  snprintf(line, sizeof line, "%s: mmap of the memfd failed: %s", what, strerror(err));
+  log_shortage(r->c, line);
+  r->logged = true;
+  return fail(r, DSPK_ENOMEM, "%s: the daemon cannot map the memfd (%s: it is out of memory "
+              "or of memory mappings, vm.max_map_count): not this client's fault, try again "
+              "later", what, strerror(err));
+}
+
 /* The arguments both methods take: {device?: "cpu:0", size}. */
 static int shm_args(struct req *r, const char *what, struct device **dev, uint64_t *size) {
   char devname[48] = "cpu:0";
@@ -534,10 +641,12 @@ int dspkd_m_buffer_import(struct req *r) {
                "%" PRIu64, (long long)st.st_size, st.st_size == 1 ? "" : "s", size);
     goto out;
   }
+  if ((err = dspkd_maps_check(r, "buffer.import")))
+    goto out;
   host = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (host == MAP_FAILED) {
-    err = fail(r, DSPK_EINVAL, "buffer.import: cannot map the memfd read-write (%s): "
-               "open it O_RDWR and do not seal it against writing", strerror(errno));
+    err = map_failed(r, "buffer.import", errno,
+                     "open it O_RDWR and do not seal it against writing");
     goto out;
   }
   err = shm_submit(r, dev, size, host, &st, -1);
@@ -568,6 +677,8 @@ int dspkd_m_buffer_share(struct req *r) {
                 "%zu shared memfds whose answers they have not read (at most %" PRIu64
                 ", what the daemon's RLIMIT_NOFILE leaves): try again later",
                 r->c->d->share_fds, max);
+  if ((err = dspkd_maps_check(r, "buffer.share")))
+    return err;
   fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return fail(r, errno == EMFILE || errno == ENFILE ? DSPK_ELIMIT : DSPK_ENOMEM,
@@ -581,7 +692,7 @@ int dspkd_m_buffer_share(struct req *r) {
   }
   host = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (host == MAP_FAILED) {
-    err = fail(r, DSPK_ENOMEM, "buffer.share: cannot map the memfd: %s", strerror(errno));
+    err = map_failed(r, "buffer.share", errno, NULL);
     close(fd);
     return err;
   }
