@@ -433,12 +433,16 @@ void dspkd_conn_ref(struct conn *c) { c->refs++; }
 
 /* A connection that writes its answers and notice before its socket
  * closes (notice_flush) leaves its Slurm job once nothing of the job's
- * runs or is held by it any more, as a connection closed at once does: a
- * job.end waiting for its connections is not held up by a client that
- * does not read. */
+ * runs any more, as a connection closed at once does: a job.end waiting
+ * for its connections is not held up by a client that does not read.  A
+ * buffer still held then is held by an answer not yet written (a
+ * buffer.read sent from its memory): it stays the connection's and its
+ * user's, no longer the job's (dspkd_quota_job_leave). */
 static void notice_job_gone(struct conn *c) {
-  if (c->notice_armed && c->notice_timer && c->job && !c->jobs && c->held_bufs == 0)
+  if (c->notice_armed && c->notice_timer && c->job && !c->jobs) {
+    dspkd_quota_job_leave(c);
     dspkd_job_conn_gone(c);
+  }
 }
 
 void dspkd_conn_unref(struct conn *c) {

@@ -838,6 +838,9 @@ void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);
 void dspkd_quota_move_mem(struct job *j);
 void dspkd_quota_keep_moved(struct job *j);
 void dspkd_quota_reads_done(struct dbuf *b);
+/* Connection c leaves its Slurm job with buffers still held (by answers
+ * not yet written): they no longer count for the job. */
+void dspkd_quota_job_leave(struct conn *c);
 /* Checks a new job against the memory quotas of its connection and user:
  * 0, or DSPK_ELIMIT with msg set.  dspkd_sched_submit charges it. */
 int dspkd_quota_check(const struct job *j, char *msg, size_t len);

@@ -428,3 +428,17 @@ void dspkd_quota_reads_done(struct dbuf *b) {
   b->moved_job = NULL;
   dspkd_conn_unref(c);
 }
+
+void dspkd_quota_job_leave(struct conn *c) {
+  for (struct dbuf *b = c->held_list; b; b = b->held_next) {
+    int idx = b->dev->idx;
+    if (b->qjob) {
+      b->qjob->mem[idx] -= b->size;
+      b->qjob = NULL;
+    }
+    if (b->moved_job) {
+      b->moved_job->mem[idx] -= b->moved;
+      b->moved_job = NULL;
+    }
+  }
+}
