@@ -5384,6 +5384,18 @@ def t_fdlimits(exe, tmp):
             return "ok", ""
         except RpcError as e:
             return e.name, e.err.get("message")
+    # None free: buffer.share cannot make its memfd, the daemon's shortage,
+    # logged as the import's (probe 19 I1: no log line, words of its own).
+    try:
+        first.call("buffer.share", {"size": 4096})
+        raise AssertionError("buffer.share with no descriptor free was answered")
+    except RpcError as e:
+        check(e.name == "ELIMIT" and e.err["message"] == "buffer.share: the daemon had no file "
+              "descriptor left for the memfd (EMFILE): try again later",
+              "buffer.share with no descriptor free: %s %s" % (e.name, e.err))
+    check(re.search(r"warn: client \d+: buffer.share: the daemon has no file descriptor free "
+                    r"for the memfd: EMFILE \(", d.logtext()), "the share's EMFILE logged:\n"
+          + d.logtext()[-2000:])
     # None free: the kernel drops the memfd.
     got = import_outcome(first)
     check(got[0] == "ELIMIT" and "no file descriptor left" in got[1],
