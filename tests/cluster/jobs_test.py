@@ -296,6 +296,35 @@ def cli(d, submit, gpu, cpu):
           sorted(ans["devices"]) == sorted([cpu["id"], gpu["id"]]), "register: %r" % ans)
     p = sub("job", "register", "--job", "301", "--uid", "0")  # no --devices: the cpu only
     check(p.returncode == 0 and p.stdout == "job 301: registered\n", "301: %r" % p.stdout)
+    # Plain `dspk-submit status` in a job (docs/cluster.md, "In a user's batch script";
+    # probe 19 G4: only --json showed a job): the connection's job, each client's JOB, the
+    # registered jobs, and the job's devices (301: the cpu only).  Outside a job, with the
+    # two jobs of uid 0 registered and none named, the job is not decided and says why.
+    p = sub("status", SLURM_JOB_ID="301")
+    lines = p.stdout.splitlines()
+    me = [ln for ln in lines if ln.startswith("this connection: client ")]
+    mine = [ln.split() for ln in lines if ln.startswith("  ") and ln.split()[:1] and
+            me and ln.split()[0] == me[0].split()[3].rstrip(",")]
+    jobs = lines.index("2 Slurm jobs:") if "2 Slurm jobs:" in lines else -1
+    devs = lines.index("1 device:") if "1 device:" in lines else -1
+    check(p.returncode == 0 and len(me) == 1 and me[0].endswith(", Slurm job 301") and
+          len(mine) == 1 and mine[0][6] == "301" and jobs > 0 and
+          lines[jobs + 1].split() == ["JOB", "UID", "GPUS", "CONNECTIONS", "INFLIGHT",
+                                      "BUFFERS", "STATE"] and
+          lines[jobs + 2].split() == ["300", str(NOBODY), "1", "0", "0", "0", "registered"]
+          and lines[jobs + 3].split()[:3] == ["301", "0", "0"] and devs > 0 and
+          lines[devs + 2].split()[0] == cpu["id"] and len(lines) == devs + 3,
+          "status in job 301: %r" % (p,))
+    p = sub("job", "register", "--job", "302", "--uid", "0")
+    check(p.returncode == 0, "302: %r" % (p,))
+    p = sub("status")
+    check(p.returncode == 0 and "this connection: client " in p.stdout and
+          ", Slurm job not decided (uid 0 has 2 Slurm jobs on this node: name one" in p.stdout
+          and "\n3 Slurm jobs:\n" in p.stdout, "status, two jobs, none named: %r" % (p,))
+    p = sub("status", "--json", SLURM_JOB_ID="302")
+    st = json.loads(p.stdout)
+    check([c["job"] for c in st["clients"] if c["self"]] == [302], "--json: %r" % st)
+    check(sub("job", "end", "--job", "302").returncode == 0, "302 ended")
     p = sub("job", "register", "--job", "301")
     check(p.returncode == 2 and "--uid" in p.stderr, "register without a uid: %r" % p.stderr)
     p = sub("job", "end")
