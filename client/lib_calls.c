@@ -398,6 +398,7 @@ DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l) {
 static void *make_status(const msgpack_object *result, const struct dspk__pval *res) {
   const msgpack_object *cl = res[DSPK__R_STATUS_CLIENTS].v.o;
   const msgpack_object *dv = res[DSPK__R_STATUS_DEVICES].v.o;
+  const msgpack_object *jb = res[DSPK__R_STATUS_JOBS].v.o;
   struct dspk__pval f[DSPK__MAX_FIELDS];
   dspk_status *s = calloc(1, sizeof(*s));
 
@@ -405,10 +406,15 @@ static void *make_status(const msgpack_object *result, const struct dspk__pval *
     return NULL;
   s->nclients = arr_size(cl);
   s->ndevices = arr_size(dv);
+  s->njobs = arr_size(jb);
+  s->self = -1;
   s->clients = calloc(s->nclients + 1, sizeof(*s->clients));
+  s->client_job = calloc(s->nclients + 1, sizeof(*s->client_job));
   s->devices = calloc(s->ndevices + 1, sizeof(*s->devices));
   s->activity = calloc(s->ndevices + 1, sizeof(*s->activity));
-  if (!s->clients || !s->devices || !s->activity || dspk__to_json(result, &s->json) != 0) {
+  s->jobs = calloc(s->njobs + 1, sizeof(*s->jobs));
+  if (!s->clients || !s->client_job || !s->devices || !s->activity || !s->jobs ||
+      dspk__to_json(result, &s->json) != 0) {
     dspk_status_free(s);
     return NULL;
   }
@@ -428,6 +434,21 @@ static void *make_status(const msgpack_object *result, const struct dspk__pval *
     copy_escaped_name(&f[DSPK__SC_NAME], x->name, sizeof x->name);
     x->inflight = f[DSPK__SC_INFLIGHT].v.u;
     x->buffers = f[DSPK__SC_BUFFERS].v.u;
+    s->client_job[i] = f[DSPK__SC_JOB].set && !f[DSPK__SC_JOB].nil ? f[DSPK__SC_JOB].v.u : 0;
+    if (f[DSPK__SC_SELF].v.b && s->self < 0)
+      s->self = (int64_t)i;
+  }
+  for (size_t i = 0; i < s->njobs; i++) {
+    dspk_status_job *x = &s->jobs[i];
+    dspk__fields(dspk__st_job_f, DSPK__SJ_COUNT, &jb->via.array.ptr[i], f);
+    x->job = f[DSPK__SJ_JOB].v.u;
+    x->uid = f[DSPK__SJ_UID].v.i;
+    x->ngpus = f[DSPK__SJ_DEVICES].v.o ? arr_size(f[DSPK__SJ_DEVICES].v.o) : 0;
+    x->connections = f[DSPK__SJ_CONNECTIONS].v.u;
+    x->inflight = f[DSPK__SJ_INFLIGHT].v.u;
+    x->buffers = f[DSPK__SJ_BUFFERS].v.u;
+    x->buffer_bytes = f[DSPK__SJ_BUFFER_BYTES].v.u;
+    x->ended = f[DSPK__SJ_ENDED].v.b;
   }
   for (size_t i = 0; i < s->ndevices; i++) {
     dspk_status_device *x = &s->devices[i];
@@ -458,8 +479,10 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s) {
   if (!s)
     return;
   free(s->clients);
+  free(s->client_job);
   free(s->devices);
   free(s->activity);
+  free(s->jobs);
   free(s->json);
   free(s);
 }

@@ -60,19 +60,29 @@ bool dspkd_sees_uid(const struct conn *caller, bool admin, uint32_t uid) {
                    (uint32_t)caller->uid == uid);
 }
 
-struct djob *dspkd_devices_shown(struct conn *c, bool admin, bool *shown) {
+/* dspkd_devices_shown (admin_wide: an admin outside any job is shown
+ * every device) and dspkd_devices_usable (not). */
+static struct djob *devices_for(struct conn *c, bool admin_wide, bool *shown) {
   struct dspkd *d = c->d;
   struct djob *j = c->job;
   bool decided = c->job_state != 0;
   char ignored[8];
 
-  /* A uid with several jobs here and no claim sees the cpu only. */
+  /* A uid with several jobs here and no claim may use the cpu only. */
   if (!decided)
     decided = dspkd_job_decide(c, &j, ignored, sizeof ignored) == 0;
   for (int i = 0; i < d->ndevs; i++)
     shown[i] = d->devs[i].open_state == 1 &&
-               ((admin && !j) || dspkd_job_dev_allowed(d, j, decided, &d->devs[i]));
+               ((admin_wide && !j) || dspkd_job_dev_allowed(d, j, decided, &d->devs[i]));
   return j;
+}
+
+struct djob *dspkd_devices_shown(struct conn *c, bool admin, bool *shown) {
+  return devices_for(c, admin, shown);
+}
+
+struct djob *dspkd_devices_usable(struct conn *c, bool *usable) {
+  return devices_for(c, false, usable);
 }
 
 /* Answers method's one-field result (reloaded, stopping): yes.  0 or a

@@ -54,10 +54,21 @@ int dspkd_admin_is(struct conn *c);
  * only.  Everything else is shown as counts or anonymous intervals. */
 bool dspkd_sees_uid(const struct conn *caller, bool admin, uint32_t uid);
 
-/* Fills shown[i] for each of c->d's devices: whether status, trace and
- * metrics show device i to c: the devices its Slurm job may use (decided
- * for the look only, not for good: daemon/jobs.c), every device to an
- * admin outside any job.  Returns the job it decided (NULL: none). */
+/* Fills shown[i] for each of c->d's devices: whether trace and metrics
+ * show device i to c: the devices c may use (dspkd_devices_usable), and
+ * every device to an admin outside any job, whatever job_required, so that
+ * an admin observes the whole node.  Returns the job it decided (NULL:
+ * none). */
 struct djob *dspkd_devices_shown(struct conn *c, bool admin, bool *shown);
+
+/* Fills usable[i] for each of c->d's devices: whether c may use device i,
+ * as a request that needs a device would find (devices, buffer.create,
+ * task.run: daemon/jobs.c's rule, its job decided for the look only, not
+ * for good): the cpu and its Slurm job's GPUs; outside any job every device,
+ * or the cpu only under job_required; the cpu only while its uid has
+ * several jobs and it names none.  An admin is no exception (probe 19 G3:
+ * status listed every device to an admin that job_required kept to the
+ * cpu).  status' devices.  Returns the job it decided (NULL: none). */
+struct djob *dspkd_devices_usable(struct conn *c, bool *usable);
 
 #endif /* DSPKD_ADMIN_H */

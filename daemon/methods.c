@@ -321,7 +321,7 @@ static bool status_shows(const struct conn *caller, bool admin, const struct con
 struct status_ctx {
   struct req *r;
   bool admin;
-  bool dev_shown[DSPKD_MAX_DEVICES]; /* dspkd_devices_shown */
+  bool dev_shown[DSPKD_MAX_DEVICES]; /* dspkd_devices_usable */
   uint64_t shown, other_inflight, other_buffers;
   size_t njobs;
 };
@@ -529,9 +529,10 @@ static int m_status(struct req *r) {
   struct status_ctx x = {.r = r, .admin = dspkd_admin_is(r->c)};
   struct dspk__pval v[5] = {0};
 
-  /* The caller's job decides which devices it is shown (without deciding
-   * it for good: status is not a request that needs a device). */
-  dspkd_devices_shown(r->c, x.admin, x.dev_shown);
+  /* The devices the caller may use, as its requests would find them, an
+   * admin's too (without deciding its job for good: status is not a
+   * request that needs a device). */
+  dspkd_devices_usable(r->c, x.dev_shown);
   for (const struct djob *j = d->jobs; j; j = j->next)
     x.njobs += dspkd_sees_uid(r->c, x.admin, (uint32_t)j->uid);
   for (struct conn *c = d->conns; c; c = c->next)

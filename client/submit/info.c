@@ -239,6 +239,19 @@ int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
     rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
+  /* The connection's Slurm job is decided by its first request that needs
+   * a device (docs/protocol.md, "Slurm jobs"), which status is not: asking
+   * for the devices first decides it, so that status names the job (self's
+   * job) whose devices it lists.  A uid with several jobs that names none
+   * is refused (EPERM): its job stays undecided, and the text says why.
+   * Any other failure is left to status itself to answer (a connection
+   * that broke fails it, with its own error). */
+  char undecided[256] = "";
+  dspk_device_list *dl = NULL;
+  rc = dspk_devices(ctx->client, false, &dl);
+  if (rc == DSPK_EPERM)
+    snprintf(undecided, sizeof undecided, "%s", dspk_last_error(ctx->client));
+  dspk_device_list_free(dl);
   rc = dspk_status_get(ctx->client, &s);
   if (rc < 0)
     return dspk__sub_fail_client(ctx, rc);
@@ -249,21 +262,52 @@ int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   printf("dspkd %s, pid %lld, up %.1f s, socket %s\n", dspk__sub_esc(s->version),
          (long long)s->pid, s->uptime_s, dspk__sub_esc(s->socket));
+  /* This connection and its Slurm job (docs/cluster.md: in a job, status
+   * shows the job's connections and devices; the devices below are those
+   * this connection may use, its job's). */
+  if (s->self >= 0) {
+    const dspk_status_client *me = &s->clients[s->self];
+    if (s->client_job[s->self])
+      printf("this connection: client %llu, Slurm job %llu\n", (unsigned long long)me->id,
+             (unsigned long long)s->client_job[s->self]);
+    else if (undecided[0])
+      printf("this connection: client %llu, Slurm job not decided (%s)\n",
+             (unsigned long long)me->id, dspk__sub_esc(undecided));
+    else
+      printf("this connection: client %llu, no Slurm job\n", (unsigned long long)me->id);
+  }
   printf("\n%zu client%s:\n", s->nclients, s->nclients == 1 ? "" : "s");
-  printf("  %-6s %-8s %-6s %-6s %-8s %-8s %s\n", "ID", "PID", "UID", "GID",
-         "INFLIGHT", "BUFFERS", "NAME");
+  printf("  %-6s %-8s %-6s %-6s %-8s %-8s %-20s %s\n", "ID", "PID", "UID", "GID",
+         "INFLIGHT", "BUFFERS", "JOB", "NAME");
   for (size_t i = 0; i < s->nclients; i++) {
     const dspk_status_client *c = &s->clients[i];
-    printf("  %-6llu %-8lld %-6lld %-6lld %-8llu %-8llu %s\n",
+    char job[24] = "-";
+    if (s->client_job[i])
+      snprintf(job, sizeof job, "%llu", (unsigned long long)s->client_job[i]);
+    printf("  %-6llu %-8lld %-6lld %-6lld %-8llu %-8llu %-20s %s\n",
            (unsigned long long)c->id, (long long)c->pid, (long long)c->uid,
            (long long)c->gid, (unsigned long long)c->inflight,
-           (unsigned long long)c->buffers, dspk__sub_esc(c->name));
+           (unsigned long long)c->buffers, job, dspk__sub_esc(c->name));
   }
   /* A non-admin sees its own uid's connections; the rest only as a count. */
   if (s->connections > s->nclients) {
     unsigned long long more = (unsigned long long)(s->connections - s->nclients);
     printf("  and %llu connection%s of other users (not shown)\n", more,
            more == 1 ? "" : "s");
+  }
+  /* The Slurm jobs registered here that the caller may see (its uid's;
+   * an admin every one); none: no section. */
+  if (s->njobs) {
+    printf("\n%zu Slurm job%s:\n", s->njobs, s->njobs == 1 ? "" : "s");
+    printf("  %-20s %-10s %-5s %-11s %-8s %-8s %s\n", "JOB", "UID", "GPUS", "CONNECTIONS",
+           "INFLIGHT", "BUFFERS", "STATE");
+    for (size_t i = 0; i < s->njobs; i++) {
+      const dspk_status_job *j = &s->jobs[i];
+      printf("  %-20llu %-10lld %-5zu %-11llu %-8llu %-8llu %s\n", (unsigned long long)j->job,
+             (long long)j->uid, j->ngpus, (unsigned long long)j->connections,
+             (unsigned long long)j->inflight, (unsigned long long)j->buffers,
+             j->ended ? "ending" : "registered");
+    }
   }
   printf("\n%zu device%s:\n", s->ndevices, s->ndevices == 1 ? "" : "s");
   printf("  %-10s %-8s %-8s %-10s %s\n", "ID", "QUEUED", "RUNNING",

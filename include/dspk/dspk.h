@@ -334,6 +334,16 @@ typedef struct dspk_device_activity {
   double running_age_s;      /*   for how long */
 } dspk_device_activity;
 
+/* A Slurm job registered on the node, as status' jobs shows it to the
+ * caller (its own uid's; an admin every one). */
+typedef struct dspk_status_job {
+  uint64_t job;
+  int64_t uid;
+  size_t ngpus;        /* the UUIDs it was registered with (in the json) */
+  uint64_t connections, inflight, buffers, buffer_bytes;
+  bool ended;          /* job.end ran; waiting for its last connection */
+} dspk_status_job;
+
 typedef struct dspk_status {
   char version[32];    /* daemon version */
   int64_t pid;
@@ -346,6 +356,14 @@ typedef struct dspk_status {
   char *json;          /* the whole result as JSON text (incl. stats) */
   uint64_t connections;           /* connections open now */
   dspk_device_activity *activity; /* [ndevices], parallel to devices */
+  /* Slurm jobs (after the fields above, so that a program built against
+   * an older header reads the rest as before): */
+  uint64_t *client_job;  /* [nclients], parallel to clients: the client's
+                          * Slurm job, 0 for none (or not decided yet) */
+  int64_t self;          /* the index in clients of the connection that
+                          * asked, -1 when not listed */
+  size_t njobs;
+  dspk_status_job *jobs; /* by increasing job id */
 } dspk_status;
 
 /* The `status` method.  *out is freed with dspk_status_free(). */

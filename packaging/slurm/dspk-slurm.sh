@@ -3,6 +3,30 @@
 # epilog), tvar (the name of its timeout variable) and tmo (that variable's
 # value).
 #
+# now_cs: sets now to the monotonic clock in hundredths of a second (the
+# uptime, /proc/uptime: no change of the date moves it; where there is none,
+# the date's seconds).  The timeout is a deadline on this clock, taken once
+# when the script starts (deadline, below): every command and every wait of
+# the script is bounded by the time left to it, so that the script as a
+# whole keeps within the timeout (probe 19 G1: the epilog counted its tries
+# of --end-job, each a second's sleep and a command, and overran it).
+now_cs() {
+  now=
+  if read -r now _ 2>/dev/null </proc/uptime; then
+    case $now in
+      *[!0-9.]* | *.*.* | .* | *.) now= ;;
+      *.??) now=${now%.*}${now#*.} ;;
+      *.?) now=${now%.*}${now#*.}0 ;;
+      *) now=${now}00 ;;
+    esac
+    # No leading zero: $(( )) would take 0... for octal.
+    now=${now#"${now%%[!0]*}"}
+    now=${now:-0}
+  fi
+  [ -n "$now" ] || now=$(($(date +%s) * 100))
+}
+now_cs
+started=$now
 # dspk-submit is DSPK_SUBMIT, else the one of the tree this script is
 # installed in, found from the script's real path: symbolic links resolved,
 # so that a link to the script (Prolog=/etc/slurm/prolog.d/*) finds it too.
@@ -169,6 +193,16 @@ if [ -z "$digits" ] || [ "${#digits}" -gt 9 ]; then
     "999999999 (unset or empty: 120)" >&2
   exit 2
 fi
+# The deadline: the script's start plus the timeout.  Every command that
+# waits goes through bounded (below), which gives it the time left (none
+# left: it is not started, as if it had timed out), and the epilog's wait
+# between two tries of --end-job is bounded by it too; a command killed at
+# the deadline may take one more second (timeout's SIGKILL, for one that
+# ignores SIGTERM).  So a script ends within its timeout plus 2 s (that
+# second, and the script's own work on its message), the margin docs/cluster.md
+# names.
+tmo_cs=$((digits * 100))
+deadline=$((started + tmo_cs))
 # A socket path longer than a Unix socket's 107 bytes is no daemon's: said
 # once, exit 2, before dspk-submit or dspkd --end-job refuse it (the epilog
 # then said the job "stays registered" and named a command that fails the
@@ -196,14 +230,23 @@ esac || {
   exit 127
 }
 
+# left_cs: sets left to the hundredths of a second left before the deadline
+# (0 or less: none).
+left_cs() {
+  now_cs
+  left=$((deadline - now))
+}
 # bounded [-m] COMMAND...: COMMAND run with LC_ALL=C (the system's reasons
-# in English), its standard input /dev/null, bounded by the timeout: its
-# standard output in ans, its standard error in err (-m: both in ans, in
-# the order written; err empty) and its status in rc (124 when the timeout
-# ran out, 137 when it also needed SIGKILL, for a command that ignores
-# SIGTERM).  Every command the scripts run that waits on something outside
-# them goes through it (dspk-submit, nvidia-smi, the map file's read, stat
-# of the map, dspkd --end-job), so that the timeout bounds the whole of it:
+# in English), its standard input /dev/null, bounded by the time left before
+# the deadline: its standard output in ans, its standard error in err (-m:
+# both in ans, in the order written; err empty) and its status in rc (124
+# when the time ran out, 137 when it also needed SIGKILL, for a command that
+# ignores SIGTERM).  With no time left COMMAND is not started: rc 124, ans
+# and err empty, and late set (empty when it ran).  Every command the
+# scripts run that waits on something outside them goes through it
+# (dspk-submit, nvidia-smi, the map file's read, stat of the map, dspkd
+# --end-job), so that the timeout bounds the whole of it, and all of them
+# together:
 #   - COMMAND runs in a process group of its own (timeout(1), without
 #     --foreground, makes one, with its own pid as the group's id), which
 #     timeout kills at the timeout, COMMAND's children with it;
@@ -245,10 +288,18 @@ bounded() {
       exit 1
     }
   fi
+  left_cs
+  if [ "$left" -le 0 ]; then
+    rc=124 ans='' err='' late=y
+    return
+  fi
+  late=
+  # timeout(1) takes the seconds with a fraction (LC_ALL=C: a point).
+  secs=$((left / 100)).$((left % 100 / 10))$((left % 10))
   if [ -n "$merge" ]; then
-    (LC_ALL=C; export LC_ALL; exec timeout -k 1 "$tmo" "$@") </dev/null >"$tdir/out" 2>&1 &
+    (LC_ALL=C; export LC_ALL; exec timeout -k 1 "$secs" "$@") </dev/null >"$tdir/out" 2>&1 &
   else
-    (LC_ALL=C; export LC_ALL; exec timeout -k 1 "$tmo" "$@") </dev/null >"$tdir/out" \
+    (LC_ALL=C; export LC_ALL; exec timeout -k 1 "$secs" "$@") </dev/null >"$tdir/out" \
       2>"$tdir/err" &
   fi
   bpid=$!
@@ -276,8 +327,15 @@ submit_capture() {
   case $rc in
     124 | 137)
       rc=124
-      err="${err:+$err$nl}dspk $what: job $job: no answer from dspkd on $socket_v within $tmo"
-      err="$err s ($tvar); $why" ;;
+      if [ -n "$late" ]; then
+        # What ran before (nvidia-smi, the map's read, the epilog's tries)
+        # took all the time: dspkd was not asked.
+        err="dspk $what: job $job: no time left to ask dspkd on $socket_v: the $tmo s of"
+        err="$err $tvar ran out before; $why"
+      else
+        err="${err:+$err$nl}dspk $what: job $job: no answer from dspkd on $socket_v within"
+        err="$err $tmo s ($tvar); $why"
+      fi ;;
   esac
 }
 

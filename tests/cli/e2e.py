@@ -1825,7 +1825,10 @@ def suite_fake(cli, tmp):
               "status: every daemon string escaped: %r" % out)
         check("and 2 connections of other users (not shown)" in out,
               "status: the other users' connections as a count: %r" % out)
-        check(len(out.splitlines()) == 10, "status: no line added by a name: %r" % out)
+        # 11: with the line naming this connection's Slurm job (probe 19 G4).
+        check(len(out.splitlines()) == 11 and
+              "\nthis connection: client 1, no Slurm job\n" in out,
+              "status: no line added by a name: %r" % out)
         rc, out, err = fcli.run("status", "--json")
         check(rc == 0, "status --json: rc %d" % rc)
         inert(out, "status --json")

@@ -39,6 +39,46 @@ def script(path, submit, sock, **env):
     return subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
 
 
+def held_lock(epilog, submit, tmp, none):
+    """The state file's lock held (a dspkd starting, not listening yet) and no daemon on
+    the socket: the epilog tries --end-job again until DSPK_EPILOG_TIMEOUT, by the clock,
+    and ends within the timeout plus the 2 s docs/cluster.md allows (probe 19 G1: it counted
+    a try per second slept, and each try's own time came on top: 11 s for 8).  Each try
+    here is made slow (a dspkd that takes a second, as on a state file's slow file system),
+    so that counting tries overruns the bound by seconds (7 s for 3), while the clock
+    keeps it; a try the deadline cuts off leaves the last answer (exit 3) standing.  The
+    bound is checked with the margin's slack, never a tight time."""
+    import fcntl
+    import time
+    state = os.path.join(tmp, "held.jobs")
+    slow = os.path.join(tmp, "slow-dspkd")
+    with open(slow, "w") as f:
+        f.write("#!/bin/sh\nsleep 1\nexec %s \"$@\"\n" % DSPKD)
+    os.chmod(slow, 0o755)
+    with open(state + ".lock", "w") as lock:
+        os.chmod(state + ".lock", 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for dspkd, tmo in ((DSPKD, 2), (slow, 3)):
+            t0 = time.monotonic()
+            p = script(epilog, submit, none, DSPK_DSPKD=dspkd, DSPK_EPILOG_TIMEOUT=str(tmo),
+                       DSPK_DSPKD_OPTIONS="--config= --job-state " + state)
+            took = time.monotonic() - t0
+            check(p.returncode == 1 and p.stdout == "" and
+                  "a running dspkd holds %s.lock" % state in p.stderr and
+                  p.stderr.splitlines()[-1] ==
+                  "dspk epilog: job 77: no dspkd listens on %s (no socket file), and dspkd "
+                  "--end-job could not end the job in its state file (exit 3, above): the job "
+                  "stays registered there; end it before dspkd serves again (dspkd --socket %s "
+                  "--end-job 77, with the daemon's other options), or through the daemon once "
+                  "it listens (dspk-submit job end --job 77)" % (none, none),
+                  "the lock held, %s: %r" % (dspkd, p))
+            # It tries until the deadline (the clock's resolution aside), and no longer
+            # than the timeout plus the documented margin.
+            check(tmo - 0.05 <= took <= tmo + 2,
+                  "the lock held, %s, DSPK_EPILOG_TIMEOUT=%d: the epilog took %.2f s"
+                  % (dspkd, tmo, took))
+
+
 def run(a, tmp):
     epilog = os.path.join(a.build, "packaging", "slurm", "epilog")
     prolog = os.path.join(a.build, "packaging", "slurm", "prolog")
@@ -112,6 +152,8 @@ def run(a, tmp):
                       "the epilog, a socket of 107 bytes: %r" % (p,))
     p = script(prolog, a.submit, none)
     check(p.returncode == 1 and "ECONNECT" in p.stderr, "prolog without a socket: %r" % (p,))
+
+    held_lock(epilog, a.submit, tmp, none)
 
     # 2. A stale socket file: a dspkd killed with SIGKILL leaves its socket behind,
     # and connecting to it is refused.

@@ -16,7 +16,7 @@ device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped
 one.
 
     jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG]
-        [down|paths|hidden|ending|cgroup]
+        [down|paths|hidden|ending|cgroup|usable]
 """
 import argparse
 import json
@@ -296,6 +296,35 @@ def cli(d, submit, gpu, cpu):
           sorted(ans["devices"]) == sorted([cpu["id"], gpu["id"]]), "register: %r" % ans)
     p = sub("job", "register", "--job", "301", "--uid", "0")  # no --devices: the cpu only
     check(p.returncode == 0 and p.stdout == "job 301: registered\n", "301: %r" % p.stdout)
+    # Plain `dspk-submit status` in a job (docs/cluster.md, "In a user's batch script";
+    # probe 19 G4: only --json showed a job): the connection's job, each client's JOB, the
+    # registered jobs, and the job's devices (301: the cpu only).  Outside a job, with the
+    # two jobs of uid 0 registered and none named, the job is not decided and says why.
+    p = sub("status", SLURM_JOB_ID="301")
+    lines = p.stdout.splitlines()
+    me = [ln for ln in lines if ln.startswith("this connection: client ")]
+    mine = [ln.split() for ln in lines if ln.startswith("  ") and ln.split()[:1] and
+            me and ln.split()[0] == me[0].split()[3].rstrip(",")]
+    jobs = lines.index("2 Slurm jobs:") if "2 Slurm jobs:" in lines else -1
+    devs = lines.index("1 device:") if "1 device:" in lines else -1
+    check(p.returncode == 0 and len(me) == 1 and me[0].endswith(", Slurm job 301") and
+          len(mine) == 1 and mine[0][6] == "301" and jobs > 0 and
+          lines[jobs + 1].split() == ["JOB", "UID", "GPUS", "CONNECTIONS", "INFLIGHT",
+                                      "BUFFERS", "STATE"] and
+          lines[jobs + 2].split() == ["300", str(NOBODY), "1", "0", "0", "0", "registered"]
+          and lines[jobs + 3].split()[:3] == ["301", "0", "0"] and devs > 0 and
+          lines[devs + 2].split()[0] == cpu["id"] and len(lines) == devs + 3,
+          "status in job 301: %r" % (p,))
+    p = sub("job", "register", "--job", "302", "--uid", "0")
+    check(p.returncode == 0, "302: %r" % (p,))
+    p = sub("status")
+    check(p.returncode == 0 and "this connection: client " in p.stdout and
+          ", Slurm job not decided (uid 0 has 2 Slurm jobs on this node: name one" in p.stdout
+          and "\n3 Slurm jobs:\n" in p.stdout, "status, two jobs, none named: %r" % (p,))
+    p = sub("status", "--json", SLURM_JOB_ID="302")
+    st = json.loads(p.stdout)
+    check([c["job"] for c in st["clients"] if c["self"]] == [302], "--json: %r" % st)
+    check(sub("job", "end", "--job", "302").returncode == 0, "302 ended")
     p = sub("job", "register", "--job", "301")
     check(p.returncode == 2 and "--uid" in p.stderr, "register without a uid: %r" % p.stderr)
     p = sub("job", "end")
@@ -338,6 +367,10 @@ def run(exe, submit, epilog, tmp, case=None):
         if case == "cgroup":
             d.stop()
             return 0 if cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu) else 77
+        if case == "usable":
+            d.stop()
+            usable_matrix(exe, os.path.join(tmp, "usable"), gpu, cpu)
+            return 0
         if case == "paths":
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
@@ -669,6 +702,7 @@ def run(exe, submit, epilog, tmp, case=None):
     paths(exe, submit, os.path.join(tmp, "paths"))
     collide(exe, os.path.join(tmp, "collide"))
     lock_guard(exe, os.path.join(tmp, "lock"))
+    usable_matrix(exe, os.path.join(tmp, "usable"), gpu, cpu)
     reload_guard(exe, os.path.join(tmp, "reload"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
     cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu)
@@ -1007,6 +1041,84 @@ def cgroup_case(exe, tmp, gpu, cpu):
             for sub in ("job_100/job_101", "job_100", "job_101", "job_0100", "job_0", ""):
                 os.rmdir(os.path.join(r, base, sub))
     return True
+
+
+def usable_matrix(exe, tmp, gpu, cpu):
+    """status' devices are "the devices the caller may use" (docs/protocol.md, status) for
+    every kind of caller: what `devices` lists and what buffer.create accepts, for an admin
+    (root) and a non-admin (uid 65534), outside any job, in a job with the GPU, in a job
+    without it, and undecided (two jobs of its uid, none named), under job_required = no
+    and yes (probe 19 G3: an admin outside a job was shown the GPU that job_required kept
+    from it).  The expected sets come from the rule of "Slurm jobs", not from the daemon.
+    status is asked first (it decides nothing), then devices, then a buffer on each."""
+    os.chmod(os.path.dirname(tmp), 0o711)
+    os.makedirs(tmp, exist_ok=True)
+    os.chmod(tmp, 0o711)
+    every, only_cpu = sorted([cpu["id"], gpu["id"]]), [cpu["id"]]
+
+    def look(sock, job):
+        c = Client(sock, TIMEOUT)
+        args = {"version": 1, "client": "usable"}
+        if job is not None:
+            args["job"] = job
+        c.call("hello", args)
+        shown = sorted(x["id"] for x in c.call("status", {})["devices"])
+        try:
+            listed = sorted(x["id"] for x in c.call("devices", {})["devices"])
+        except RpcError as e:
+            listed = e.name
+        made = {}
+        for dev in (cpu["id"], gpu["id"]):
+            try:
+                b = c.call("buffer.create", {"device": dev, "size": 64})["buffer"]
+                c.call("buffer.free", {"buffer": b})
+                made[dev] = "ok"
+            except RpcError as e:
+                made[dev] = e.name
+        c.close()
+        return [shown, listed, sorted(k for k, v in made.items() if v == "ok"),
+                sorted(set(made.values()) - {"ok"})]
+
+    for required in (False, True):
+        d = Daemon(exe, tmp, ["--job-required"] if required else [])
+        try:
+            os.chmod(d.sock, 0o666)
+            admin = d.client()
+            outside = only_cpu if required else every
+            for uid, base in ((0, 500), (NOBODY, 600)):
+                # base: in a job with the GPU; base+1: in a job without it.
+                admin.call("job.register", {"job": base, "uid": uid, "devices": [gpu["uuid"]]})
+                admin.call("job.register", {"job": base + 1, "uid": uid, "devices": []})
+            # (who, claim, expected status = devices = buffers, devices' error)
+            cases = [("a job with the GPU", 500, every, None),
+                     ("a job without it", 501, only_cpu, None),
+                     ("undecided (two jobs, none named)", None, only_cpu, "EPERM")]
+            for uid, base in ((0, 500), (NOBODY, 600)):
+                who = "admin" if uid == 0 else "uid %d" % uid
+                for what, claim, want, err in cases:
+                    job = None if claim is None else claim - 500 + base
+                    if uid == 0:
+                        got = look(d.sock, job)
+                    else:
+                        got = dspk_daemon.run_as(NOBODY, NOBODY,
+                                                 lambda job=job: look(d.sock, job))
+                    expect = [want, err or want, [] if err else want, [err] if err else
+                              (["ENODEV"] if want == only_cpu else [])]
+                    check(got == expect, "job_required=%s, %s, %s: status, devices, buffers, "
+                          "errors %r, expected %r" % (required, who, what, got, expect))
+                # Outside any job: the uid's jobs ended.
+                admin.call("job.end", {"job": base})
+                admin.call("job.end", {"job": base + 1})
+                if uid == 0:
+                    got = look(d.sock, None)
+                else:
+                    got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: look(d.sock, None))
+                expect = [outside, outside, outside, ["ENODEV"] if required else []]
+                check(got == expect, "job_required=%s, %s outside any job: status, devices, "
+                      "buffers, errors %r, expected %r" % (required, who, got, expect))
+            admin.close()
+        finally:
+            d.stop()
 
 
 def job_ids(c):
@@ -2123,7 +2235,8 @@ def main():
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
-    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending", "cgroup"],
+    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending", "cgroup",
+                                               "usable"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:

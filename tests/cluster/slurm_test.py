@@ -14,7 +14,9 @@ dspkd per node, as docs/cluster.md describes it.
   against numpy (tests/cluster/slurm_task.py);
 - a job without a GPU sees the cpu only and gets ENODEV on the GPU;
 - a job leaves a process with a connection and a buffer behind: the epilog closes it, and
-  afterwards the node's daemon holds nothing of the job (status, metrics).
+  afterwards the node's daemon holds nothing of the job (status, metrics);
+- a prolog that fails (the GPU map gone) drains the node and requeues the job held
+  (launch_failed_requeued_held, as docs/cluster.md says); resume and release run it.
 
 Needs root (Slurm's daemons, munge) and the Debian packages slurmctld, slurmd,
 slurm-client, munge (scripts/deps.sh): not root is exit 77 (ctest: not run); a missing
@@ -36,7 +38,7 @@ import tempfile
 import time
 
 TIMEOUT = 240
-PROGS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "munged", "mungekey"]
+PROGS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "munged", "mungekey"]
 PATHS = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -351,6 +353,48 @@ def main_test(t):
         check("dspk_slurm_jobs 0" in m and "{job=" not in m, "%s: metrics without jobs" % n)
     print("job %d: the epilog closed its escaped connection and freed its buffer; "
           "no job left on either node" % hj)
+
+    # 4. When the prolog fails (docs/cluster.md, "When the prolog fails"; probe 19 G2):
+    # the GPU map missing, the prolog exits 1; Slurm 22.05 drains the node ("Prolog
+    # error") and requeues the job held, its reason launch_failed_requeued_held (never
+    # JobHeldUser), which stays after the node is resumed; scontrol release then lets it
+    # run, with its GPU.
+    os.rename(t.path("gpus"), t.path("gpus.away"))
+    p = t.run(["sbatch", "--parsable", "-w", "n1", "--gres=gpu:1", "-o",
+               t.path("out", "%x-%A.out"), "-J", "array", t.path("job.sh"), "array"])
+    hjob = int(p.stdout.strip().split(";")[0])
+
+    def job_field(key):
+        # scontrol's words (squeue's %r writes the reason with blanks instead).
+        out = t.run(["scontrol", "-o", "show", "job", str(hjob)]).stdout
+        return dict(w.split("=", 1) for w in out.split() if "=" in w).get(key)
+    until = time.monotonic() + 60
+    # (COMPLETING, with that reason already, while its epilog runs; then PENDING.)
+    while (job_field("JobState"), job_field("Reason")) != ("PENDING",
+                                                           "launch_failed_requeued_held"):
+        check(time.monotonic() < until, "job %d not held 60 s after its submission: %s %s"
+              % (hjob, job_field("JobState"), job_field("Reason")))
+        time.sleep(0.1)
+    check(job_field("JobState") == "PENDING" and job_field("Priority") == "0",
+          "the held job pends: %s" % job_field("JobState"))
+    node = t.run(["sinfo", "-h", "-n", "n1", "-N", "-o", "%T|%E"]).stdout.strip()
+    check(node.startswith("drain") and node.endswith("|Prolog error"),
+          "n1 after the prolog failed: %r" % node)
+    os.rename(t.path("gpus.away"), t.path("gpus"))
+    t.run(["scontrol", "update", "nodename=n1", "state=resume"])
+    check(job_field("Reason") == "launch_failed_requeued_held",
+          "resuming the node leaves the job held: %s" % job_field("Reason"))
+    t.run(["scontrol", "release", str(hjob)])
+    # A requeued job waits for a begin time Slurm set at the requeue (reason BeginTime);
+    # the admin may start it at once.
+    t.run(["scontrol", "update", "jobid=%d" % hjob, "starttime=now"])
+    gone(t, hjob)
+    with open(t.path("out", "array-%d.json" % hjob)) as fh:
+        r = json.load(fh)
+    check(r.get("ok") and r["node"] == "n1" and sorted(r["devices"]) ==
+          sorted(["cpu:0", gpu["id"]]), "the released job ran with its GPU: %r" % r)
+    print("job %d: held after its prolog failed (launch_failed_requeued_held), ran once "
+          "n1 was resumed and the job released" % hjob)
     return 0
 
 
