@@ -2986,6 +2986,9 @@ def fir_subnormal(env):
     # protocol.md states their bounds (K = 20: the direct kernel; K = 300:
     # the FFT path on lavapipe, L at most 16 times 512).
     c = env.conn()
+    # Each new shape tunes fir on a Vulkan device: on lavapipe under the
+    # sanitizers beside other tests one request took more than the usual 30 s.
+    c.s.settimeout(10 * TIMEOUT)
     devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
     fmts = {"f32": ("f", 1, -149, 2.0 ** -23), "f64": ("d", 1, -1074, 2.0 ** -52),
             "c64": ("f", 2, -149, 2.0 ** -23), "c128": ("d", 2, -1074, 2.0 ** -52)}
@@ -3154,6 +3157,9 @@ def fir_rows(env):
     # into one complex transform mixed their rounding errors).  Long filters,
     # so that the FFT paths run; rows of one block and of several.
     c = env.conn()
+    # Each new shape tunes fir on a Vulkan device: on lavapipe under the
+    # sanitizers beside other tests one request took more than the usual 30 s.
+    c.s.settimeout(10 * TIMEOUT)
     fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
     scales = [0.0, 1e30, 1.0, 0.0, 1e-20, 1.0]
     refs = {}
@@ -3210,6 +3216,9 @@ def fir_blocks(env):
     # put two blocks of the row in one transform spoiled the next block too
     # (lavapipe: errors of 1e13 on outputs of order 4000, 2L after the value).
     c = env.conn()
+    # Each new shape tunes fir on a Vulkan device: on lavapipe under the
+    # sanitizers beside other tests one request took more than the usual 30 s.
+    c.s.settimeout(10 * TIMEOUT)
     fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
     n, k, at = 40000, 1024, 100
     h = [float(1 + (i * 31) % 7) for i in range(k)]
