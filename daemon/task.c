@@ -33,7 +33,6 @@ static void release_host(void *p) { free(p); }
  * except unpin, the frame's release, which the loop runs once the bytes are
  * written or dropped. */
 
-#define SEND_IN_PLACE_MIN DSPKD_SEND_IN_PLACE_MIN
 
 static void unpin(void *ud) {
   struct mpin *p = ud;
@@ -68,7 +67,7 @@ static bool pin_idle(struct mpin *p) {
 static const void *send_ptr(struct device *dev, struct dspk__mem *mem, uint64_t off,
                             size_t n) {
   char *p;
-  if (n < SEND_IN_PLACE_MIN || !dev->be->host_ptr || !(p = dev->be->host_ptr(dev->bdev, mem)))
+  if (n < DSPKD_SEND_IN_PLACE_MIN || !dev->be->host_ptr || !(p = dev->be->host_ptr(dev->bdev, mem)))
     return NULL;
   return p + off;
 }

@@ -638,16 +638,25 @@ static void build_write(msgpack_sbuffer *sb, uint32_t msgid, uint64_t buffer,
     msgpack_pack_bin_body(&pk, (const char[]){(char)(i * 13)}, 1);
 }
 
-static int head_scan(const void *buf, size_t len, const struct dspk__limits *l,
-                     struct dspk__write_head *h) {
-  void *p = malloc(len ? len : 1); /* exact size: ASan sees an over-read */
+/* Runs a head scanner (dspk__write_head_scan or _find) on a copy of
+ * buf[0..len) of exactly that size: ASan sees an over-read. */
+static int head_run(int (*scan)(const void *, size_t, const struct dspk__limits *,
+                                struct dspk__write_head *),
+                    const void *buf, size_t len, const struct dspk__limits *l,
+                    struct dspk__write_head *h) {
+  void *p = malloc(len ? len : 1);
   int r;
   assert_non_null(p);
   if (len)
     memcpy(p, buf, len);
-  r = dspk__write_head_scan(p, len, l, h);
+  r = scan(p, len, l, h);
   free(p);
   return r;
+}
+
+static int head_scan(const void *buf, size_t len, const struct dspk__limits *l,
+                     struct dspk__write_head *h) {
+  return head_run(dspk__write_head_scan, buf, len, l, h);
 }
 
 static void test_write_head(void **state) {
@@ -737,14 +746,7 @@ static void test_write_head_other_forms(void **state) {
  * as the frame has them.  Emptying its bin leaves a whole request. */
 static int head_find(const void *buf, size_t len, const struct dspk__limits *l,
                      struct dspk__write_head *h) {
-  void *p = malloc(len ? len : 1); /* exact size: ASan sees an over-read */
-  int r;
-  assert_non_null(p);
-  if (len)
-    memcpy(p, buf, len);
-  r = dspk__write_head_find(p, len, l, h);
-  free(p);
-  return r;
+  return head_run(dspk__write_head_find, buf, len, l, h);
 }
 
 static void test_write_head_find(void **state) {
