@@ -1227,7 +1227,26 @@ def tensor_rules(env):
     expect(run(5), "EINVAL")
     expect(run(None), "EINVAL")
     expect(run({"dtype": "f32", "shape": [1] * 9, "data": b"\0" * 4}), "ELIMIT")
-    expect(run({"dtype": "f32", "shape": [1 << 62, 1 << 62, 0], "data": b""}), "ELIMIT")
+    # The message names the whole shape, whose product is the fault, not the
+    # dimension where it passed the limit (probe 20 A1: 2^62 alone is fine).
+    e = expect(run({"dtype": "f32", "shape": [1 << 62, 1 << 62, 0], "data": b""}), "ELIMIT",
+               "input 0: tensor shape [4611686018427387904, 4611686018427387904, 0]: product "
+               "of dimensions (0 as 1) times item size 4 passes 2^63-1 bytes, the limit even "
+               "with no elements")
+    check("shape[" not in e["message"], "a dimension named: %r" % e["message"])
+    ref = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    e = expect(run({"buffer": ref, "dtype": "c128", "shape": [1 << 30, 1 << 30, 1 << 3]}),
+               "ELIMIT", "input 0: tensor shape [1073741824, 1073741824, 8]: product of "
+               "dimensions (0 as 1) times item size 16 passes 2^63-1 bytes")
+    check("no elements" not in e["message"] and "shape[" not in e["message"],
+          "a reference with elements: %r" % e["message"])
+    # A kernel's tensors are inputs too, decoded by the same rule.
+    e = expect(c.call("task.run", {"op": "kernel", "device": "cpu:0", "options": {
+        "lang": "glsl", "source": "void main() {}", "grid": [1]},
+        "inputs": [t32([1]), {"dtype": "f64", "shape": [3, 1 << 61, 0], "data": b""}]}),
+        "ELIMIT", "input 1: tensor shape [3, 2305843009213693952, 0]: product of "
+        "dimensions (0 as 1) times item size 8 passes 2^63-1 bytes, the limit even with no "
+        "elements")
     expect(run({"dtype": "f32", "shape": [1 << 63, 0], "data": b""}), "ELIMIT")
     expect(run({"dtype": "f32", "shape": [(1 << 64) - 1, 0], "data": b""}), "ELIMIT")
     expect(run({"dtype": "f32", "shape": [1 << 61, 0], "data": b""}), "ELIMIT")
