@@ -810,11 +810,27 @@ static int check_task(dspk_client *c, const dspk_task *t) {
      * the dimensions, each 0 counted as 1, times the item size, at most
      * 2^63-1 bytes. */
     uint64_t extent = isz;
-    for (unsigned k = 0; k < x->rank; k++)
-      if ((x->shape[k] && __builtin_mul_overflow(extent, (uint64_t)x->shape[k], &extent)) ||
-          extent > (uint64_t)INT64_MAX)
-        return dspk__cerr(c, DSPK_ELIMIT, "input %u: tensor shape[%u]: product of dimensions "
-                          "(0 as 1) times item size %zu passes 2^63-1 bytes", i, k, isz);
+    bool over = false, empty = false;
+    for (unsigned k = 0; k < x->rank; k++) {
+      if (!x->shape[k])
+        empty = true;
+      else if (!over && (__builtin_mul_overflow(extent, (uint64_t)x->shape[k], &extent) ||
+                         extent > (uint64_t)INT64_MAX))
+        over = true;
+    }
+    if (over) {
+      /* The whole shape, in the daemon's words (proto/codec.c): the product
+       * is the fault, not one dimension (probe 20 A1).  8 dimensions of 19
+       * digits fit the 200 bytes. */
+      char sh[200];
+      size_t n = 0;
+      for (unsigned k = 0; k < x->rank && n < sizeof sh; k++)
+        n += (size_t)snprintf(sh + n, sizeof sh - n, "%s%lld", k ? ", " : "",
+                              (long long)x->shape[k]);
+      return dspk__cerr(c, DSPK_ELIMIT, "input %u: tensor shape [%s]: product of dimensions "
+                        "(0 as 1) times item size %zu passes 2^63-1 bytes%s", i, sh, isz,
+                        empty ? ", the limit even with no elements" : "");
+    }
     if (!x->is_ref && x->nbytes != dspk_tensor_numel(x) * isz) /* cannot wrap now */
       return dspk__cerr(c, DSPK_EINVAL,
                         "input %u: nbytes %zu, but its shape needs %llu", i,

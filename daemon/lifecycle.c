@@ -231,11 +231,15 @@ static void on_grace(uv_timer_t *t) {
     dspkd_conn_ref(c);
     /* Every request gets its answer: a task still running now (its work
      * did not look at the cancel flag) is answered ECANCELED here, and its
-     * own result, when it comes, is dropped with the connection. */
+     * own result, when it comes, is dropped with the connection.  In the
+     * words of a cancel (task.cancel, sched.c): "the task was canceled" of
+     * a task.run, "the request was canceled" of a buffer request. */
     for (struct job *j = c->jobs; j; j = j->cnext) {
       atomic_store(&j->cancel, 1);
       dspkd_conn_send_error(c, j->msgid, DSPK_ECANCELED,
-                      "the daemon is stopping: the request was canceled");
+                            j->kind == JOB_TASK
+                                ? "the daemon is stopping: " DSPKD_MSG_CANCELED
+                                : "the daemon is stopping: the request was canceled");
     }
     dspkd_conn_close(c, "daemon stopping");
     dspkd_conn_unref(c);

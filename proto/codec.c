@@ -391,11 +391,9 @@ int dspk__tensor_decode(const msgpack_object *o,
                 "tensor rank %" PRIu32 " exceeds max_rank %u",
                 v->via.array.size, max_rank);
   t.rank = v->via.array.size;
-  /* The element count is the product of the shape: 0 when any dimension is
-   * 0, whatever the others are, so a zero-element tensor never breaks
-   * max_elements.  Its extent (the product with zeros counted as 1, times
-   * the item size) must still fit an int64, as backends derive strides from
-   * it (the same rule as dspk__tensor_size). */
+  /* Each dimension first (an integer that fits an int64), so that a refused
+   * product can name the whole shape: the product is the fault, not the
+   * dimension at which it happened to pass the limit (probe 20 A1). */
   for (unsigned i = 0; i < t.rank; i++) {
     uint64_t d;
     if (dspk__obj_u64(&v->via.array.ptr[i], &d) != 0)
@@ -405,22 +403,34 @@ int dspk__tensor_decode(const msgpack_object *o,
     if (d > INT64_MAX)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "tensor shape[%u]: %" PRIu64 " does not fit an int64", i, d);
-    if ((d && __builtin_mul_overflow(extent, d, &extent)) || extent > INT64_MAX) {
-      /* Said as the rule is (docs/protocol.md, Tensors): it holds for a
-       * tensor without elements too, which "too large" would not explain. */
-      bool empty = false;
-      for (unsigned j = 0; j < t.rank; j++) {
-        uint64_t dj;
-        if (dspk__obj_u64(&v->via.array.ptr[j], &dj) == 0 && dj == 0)
-          empty = true;
-      }
-      return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "tensor shape[%u]: product of dimensions (0 as 1) times item size %zu "
-                  "passes 2^63-1 bytes%s", i, isz,
-                  empty ? ", the limit even with no elements" : "");
-    }
     t.shape[i] = (int64_t)d;
-    numel *= d; /* <= extent: cannot overflow */
+  }
+  /* The element count is the product of the shape: 0 when any dimension is
+   * 0, whatever the others are, so a zero-element tensor never breaks
+   * max_elements.  Its extent (the product with zeros counted as 1, times
+   * the item size) must still fit an int64, as backends derive strides from
+   * it (the same rule as dspk__tensor_size). */
+  bool over = false, empty = false;
+  for (unsigned i = 0; i < t.rank; i++) {
+    uint64_t d = (uint64_t)t.shape[i];
+    if (!d)
+      empty = true;
+    else if (!over && (__builtin_mul_overflow(extent, d, &extent) || extent > INT64_MAX))
+      over = true;
+    numel *= d; /* <= extent while !over; unused once over */
+  }
+  if (over) {
+    /* Said as the rule is (docs/protocol.md, Tensors), of the whole shape:
+     * it holds for a tensor without elements too, which "too large" would
+     * not explain.  8 dimensions of 19 digits fit the 200 bytes. */
+    char sh[200];
+    size_t n = 0;
+    for (unsigned i = 0; i < t.rank && n < sizeof sh; i++)
+      n += (size_t)snprintf(sh + n, sizeof sh - n, "%s%" PRId64, i ? ", " : "", t.shape[i]);
+    return dspk__fail(msg, msglen, DSPK_ELIMIT,
+                "tensor shape [%s]: product of dimensions (0 as 1) times item size %zu "
+                "passes 2^63-1 bytes%s", sh, isz,
+                empty ? ", the limit even with no elements" : "");
   }
   if (numel > lim->max_elements)
     return dspk__fail(msg, msglen, DSPK_ELIMIT,

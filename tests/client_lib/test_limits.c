@@ -661,6 +661,15 @@ static void test_tensor_size_overflow(void **state) {
       {{((int64_t)1 << 61) + 1, 2}, 2, DSPK_F64, 16, DSPK_ELIMIT, "passes 2^63-1 bytes"},
       {{(int64_t)1 << 62, (int64_t)1 << 62, 0}, 3, DSPK_F32, 0, DSPK_ELIMIT,
        "passes 2^63-1 bytes"},
+      /* The whole shape is named, not the dimension where the product
+       * passed the limit (probe 20 A1: 2^62 alone is fine). */
+      {{(int64_t)1 << 62, (int64_t)1 << 62, 0}, 3, DSPK_F32, 0, DSPK_ELIMIT,
+       "input 0: tensor shape [4611686018427387904, 4611686018427387904, 0]: product of "
+       "dimensions (0 as 1) times item size 4 passes 2^63-1 bytes, the limit even with no "
+       "elements"},
+      {{INT64_MAX, 4}, 2, DSPK_F32, SIZE_MAX, DSPK_ELIMIT,
+       "input 0: tensor shape [9223372036854775807, 4]: product of dimensions (0 as 1) "
+       "times item size 4 passes 2^63-1 bytes"},
       /* A negative axis is an invalid shape (EINVAL), not a size (dspk.h,
        * dspk_tensor_numel), whatever the other axes: {-1, 0} too. */
       {{-1, 0}, 2, DSPK_F32, 0, DSPK_EINVAL, "input 0: negative shape[0]"},

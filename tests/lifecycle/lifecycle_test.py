@@ -1051,6 +1051,33 @@ def t_stopmetrics(exe, tmp):
     check(d.wait() == 0, "exit 0:\n" + d.logtext())
 
 
+def t_stopcut(exe, tmp):
+    """A task.run whose work does not stop within 2 s of the stop deadline's
+    cancel is answered ECANCELED "the daemon is stopping: the task was
+    canceled", in task.cancel's words for a task.run (probe 20 F3: it said
+    "the request was canceled", the words of the other methods).  The test
+    hook DSPKD_TEST_CANCEL_WAIT=after:FILE holds the runner past the cancel
+    until FILE exists, made once the answer came."""
+    release = os.path.join(tmp, "release")
+    d = Daemon(exe, tmp, ["--shutdown-timeout", "0"],
+               env={"DSPKD_TEST_CANCEL_WAIT": "after:" + release})
+    a = d.client()
+    x = {"dtype": "c64", "shape": [64], "data": bytes(64 * 8)}
+    t = a.send("task.run", {"op": "fft", "device": "cpu:0", "inputs": [x]})
+    wait_log(d, "waits for the task's cancel after it runs", "the fft reached the hook")
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        a.wait(t)
+        raise AssertionError("the held task answered its result")
+    except RpcError as e:
+        check(e.name == "ECANCELED" and
+              e.err["message"] == "the daemon is stopping: the task was canceled",
+              "the task cut at the stop: %s %r" % (e.name, e.err))
+    a.expect_eof()
+    open(release, "w").close()
+    check(d.wait() == 0, "exit 0:\n" + d.logtext())
+
+
 def t_fdlimit(exe, tmp):
     """A connection the daemon cannot take for want of file descriptors
     (RLIMIT_NOFILE) gets a protocol.error ELIMIT notification, then EOF
@@ -2644,6 +2671,7 @@ GROUPS = {
     "earlysig": t_earlysig,
     "ignored": t_ignored,
     "stopmetrics": t_stopmetrics,
+    "stopcut": t_stopcut,
     "fdlimit": t_fdlimit,
     "cycles": t_cycles,
 }

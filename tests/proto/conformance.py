@@ -1227,7 +1227,26 @@ def tensor_rules(env):
     expect(run(5), "EINVAL")
     expect(run(None), "EINVAL")
     expect(run({"dtype": "f32", "shape": [1] * 9, "data": b"\0" * 4}), "ELIMIT")
-    expect(run({"dtype": "f32", "shape": [1 << 62, 1 << 62, 0], "data": b""}), "ELIMIT")
+    # The message names the whole shape, whose product is the fault, not the
+    # dimension where it passed the limit (probe 20 A1: 2^62 alone is fine).
+    e = expect(run({"dtype": "f32", "shape": [1 << 62, 1 << 62, 0], "data": b""}), "ELIMIT",
+               "input 0: tensor shape [4611686018427387904, 4611686018427387904, 0]: product "
+               "of dimensions (0 as 1) times item size 4 passes 2^63-1 bytes, the limit even "
+               "with no elements")
+    check("shape[" not in e["message"], "a dimension named: %r" % e["message"])
+    ref = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    e = expect(run({"buffer": ref, "dtype": "c128", "shape": [1 << 30, 1 << 30, 1 << 3]}),
+               "ELIMIT", "input 0: tensor shape [1073741824, 1073741824, 8]: product of "
+               "dimensions (0 as 1) times item size 16 passes 2^63-1 bytes")
+    check("no elements" not in e["message"] and "shape[" not in e["message"],
+          "a reference with elements: %r" % e["message"])
+    # A kernel's tensors are inputs too, decoded by the same rule.
+    e = expect(c.call("task.run", {"op": "kernel", "device": "cpu:0", "options": {
+        "lang": "glsl", "source": "void main() {}", "grid": [1]},
+        "inputs": [t32([1]), {"dtype": "f64", "shape": [3, 1 << 61, 0], "data": b""}]}),
+        "ELIMIT", "input 1: tensor shape [3, 2305843009213693952, 0]: product of "
+        "dimensions (0 as 1) times item size 8 passes 2^63-1 bytes, the limit even with no "
+        "elements")
     expect(run({"dtype": "f32", "shape": [1 << 63, 0], "data": b""}), "ELIMIT")
     expect(run({"dtype": "f32", "shape": [(1 << 64) - 1, 0], "data": b""}), "ELIMIT")
     expect(run({"dtype": "f32", "shape": [1 << 61, 0], "data": b""}), "ELIMIT")
@@ -1616,6 +1635,58 @@ def kernel_opts(env):
                             "outputs": [None]})
     expect(r, "EINVAL", "outputs")
     still_open(c)
+
+
+@case("task.run: a raw kernel's loops on lavapipe end after 65535 passes in all, loops "
+      "left after compiling only, one count per invocation vector (protocol.md, kernel)")
+def kernel_lavapipe_loops(env):
+    """Probe 20 F1: protocol.md said "an invocation's loops end after 65535
+    iterations in all", but a loop the compiler unrolls spends nothing (a
+    kernel made 655350 inner iterations), and the invocations lavapipe runs
+    as one vector share the count.  The bound is lavapipe's; this checks
+    that the doc's description still holds of the lavapipe in use."""
+    c = env.conn()
+    lp = [d["id"] for d in c.ok("devices")["devices"]
+          if "glsl" in d["kernel_langs"] and "llvmpipe" in d.get("name", "").lower()]
+    if not lp:
+        return "no lavapipe device"
+    head = ("#version 450\nlayout(local_size_x=%d) in;\n"
+            "layout(std430, binding=0) buffer Y { float y[]; };\n"
+            "layout(push_constant) uniform P { uint n; uint m; };\n")
+
+    def counts(body, local=1, grid=1, n=100000, m=40000):
+        r = c.ok("task.run", {"op": "kernel", "device": lp[0],
+                              "inputs": [t32([0.0] * 64)],
+                              "options": {"lang": "glsl", "source": (head % local) + body,
+                                          "grid": [grid],
+                                          "args": [{"tensor": 0}, {"u32": n}, {"u32": m}]}})
+        return vals32(r["outputs"][0])
+    # One loop of n = 100000 passes stops, silently, at the bound.
+    got = counts("void main(){ uint c = 0u; for (uint i = 0u; i < n; i++) c++; y[0] = float(c); }")
+    check(60000 < got[0] <= 65535, "one loop of 100000: %r passes" % got[0])
+    # Two loops in a row share it: 40000 + 40000 stop near 65535 together.
+    got = counts("void main(){ uint c = 0u; for (uint i = 0u; i < m; i++) c++;"
+                 " for (uint i = 0u; i < m; i++) c++; y[0] = float(c); }")
+    check(60000 < got[0] <= 65535, "two loops of 40000: %r passes in all" % got[0])
+    # An inner loop of 10 known when compiling is unrolled and spends none:
+    # ten times the bound of inner iterations, in whole outer passes.
+    got = counts("void main(){ uint c = 0u; for (uint i = 0u; i < n; i++)"
+                 " for (uint j = 0u; j < 10u; j++) c++; y[0] = float(c); }")
+    check(got[0] > 10 * 60000 and got[0] <= 10 * 65535 and got[0] % 10 == 0,
+          "an unrolled inner loop of 10: %r iterations, expected 10 times about 65535" % got[0])
+    # Invocations 0 and 1 of a work group run in one vector: invocation 0's
+    # 60000 passes of a first loop leave invocation 1 (10 passes there) few
+    # for a second loop of 40000.  Work group 1's invocation 1, in another
+    # vector beside a short one, makes all 40000.
+    got = counts("void main(){ uint x = gl_LocalInvocationID.x, g = gl_WorkGroupID.x, c = 0u;"
+                 " uint a = x == 0u && g == 0u ? 60000u : 10u; for (uint i = 0u; i < a; i++) c++;"
+                 " uint d = 0u; for (uint i = 0u; i < m; i++) d++;"
+                 " if (x < 2u) { y[4u * g + 2u * x] = float(c); y[4u * g + 2u * x + 1u] = float(d); } }",
+                 local=2, grid=2)
+    check(got[0] == 60000 and got[2] == 10 and got[1] <= 65535 - 60000,
+          "one vector: invocation 0 %r and %r, invocation 1 %r and %r" % tuple(got[0:4]))
+    check(got[3] <= 65535 - 60000, "invocation 1 shares invocation 0's count: %r" % got[3])
+    check(got[4:8] == [10, 40000, 10, 40000], "work group 1, another vector: %r" % got[4:8])
 
 
 @case("task.run: how kernel arguments reach a Vulkan shader; grid, block, entry, f32 range")

@@ -374,7 +374,7 @@ static int decode_tensor(const char *dtype, unsigned rank, const uint64_t *shape
     msgpack_pack_bin_with_body(&m.pk, data, nbytes);
   }
   why[0] = '\0';
-  rc = dspk__tensor_decode(pm_end(&m), l, t, why, 128);
+  rc = dspk__tensor_decode(pm_end(&m), l, t, why, 512); /* the daemon's r->msg */
   if (rc != 0)
     assert_true(why[0] != '\0');
   pm_free(&m);
@@ -453,7 +453,7 @@ static void test_tensor_decode(void **state) {
   (void)state;
   struct dspk__limits l;
   struct dspk__wire_tensor t;
-  char why[128];
+  char why[512];
   uint64_t s23[] = {2, 3};
 
   dspk__limits_default(&l);
@@ -531,6 +531,31 @@ static void test_tensor_decode(void **state) {
   assert_non_null(strstr(why, "product of dimensions (0 as 1) times item size 8 "
                               "passes 2^63-1 bytes, the limit even with no elements"));
   assert_null(strstr(why, "overflows"));
+  /* It names the whole shape, not the dimension where the product passed
+   * the limit (probe 20 A1: "shape[0]" of [2^62, 2^62, 0], whose 2^62 is
+   * fine alone), at rank 8 of 19-digit dimensions too. */
+  assert_string_equal(why, "tensor shape [2305843009213693952, 0]: product of dimensions "
+                           "(0 as 1) times item size 8 passes 2^63-1 bytes, the limit even "
+                           "with no elements");
+  uint64_t s62_62_0[] = {1ull << 62, 1ull << 62, 0};
+  assert_int_equal(decode_tensor("f32", 3, s62_62_0, 0, false, 0, &l, &t, why), DSPK_ELIMIT);
+  assert_string_equal(why, "tensor shape [4611686018427387904, 4611686018427387904, 0]: "
+                           "product of dimensions (0 as 1) times item size 4 passes 2^63-1 "
+                           "bytes, the limit even with no elements");
+  uint64_t s8[] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX,
+                   INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+  assert_int_equal(decode_tensor("f32", 8, s8, 0, false, 0, &l, &t, why), DSPK_ELIMIT);
+  assert_non_null(strstr(why, "tensor shape [9223372036854775807, 9223372036854775807, "
+                              "9223372036854775807, 9223372036854775807, 9223372036854775807, "
+                              "9223372036854775807, 9223372036854775807, 9223372036854775807]: "
+                              "product of dimensions (0 as 1) times item size 4 passes 2^63-1 "
+                              "bytes"));
+  assert_null(strstr(why, "no elements"));
+  /* Each dimension is checked before the product: a later dimension that
+   * is not an integer, or beyond int64, is named as itself. */
+  uint64_t s62_62_big[] = {1ull << 62, 1ull << 62, 1ull << 63};
+  assert_int_equal(decode_tensor("f32", 3, s62_62_big, 0, false, 0, &l, &t, why), DSPK_ELIMIT);
+  assert_non_null(strstr(why, "tensor shape[2]: 9223372036854775808 does not fit an int64"));
   /* Products that overflow 64 bits are refused, not wrapped. */
   dspk__limits_default(&l);
   l.max_elements = UINT64_MAX;
