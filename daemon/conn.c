@@ -1903,6 +1903,14 @@ int dspkd_socket_check(const char *path) {
     dspkd_error("cannot check %s: %s", path, strerror(-r));
     return DSPK_EIO;
   }
+  /* A stale socket of another user is not this daemon's (a socket left in
+   * a sticky directory, another daemon's): never removed (probe 20 E1). */
+  if (st.st_uid != geteuid()) {
+    dspkd_error("%s is a socket of uid %lu, not of this daemon's uid %lu, and nothing "
+                "listens on it; not replacing it (remove it, or give another --socket)",
+                path, (unsigned long)st.st_uid, (unsigned long)geteuid());
+    return DSPK_EINVAL;
+  }
   dspkd_info("removing stale socket %s", path);
   if (unlink(path) != 0 && errno != ENOENT) {
     dspkd_error("cannot remove stale socket %s: %s", path, strerror(errno));
