@@ -5248,6 +5248,17 @@ def t_traceslots(exe, tmp):
     check(got == "ok", "a trace once the others closed: %s" % got)
     c.close()
     d.stop()
+    # The log (docs/admin.md, "Logs"): a user's own bound exceeded is its own
+    # limit, a debug line (probe 20 E3: warn, which any user could write);
+    # the slots shared by all non-admins, or by the admins, full are the
+    # daemon's shortage, warn.
+    refused = re.findall(r"(\w+): client \d+: trace #\d+: EBUSY: (.*)", d.logtext())
+    # (the last loop may add an admin's refusals while the closes are seen)
+    levels = {(lv, "per user" in m, "not admins" in m, "of admins" in m) for lv, m in refused}
+    check(levels == {("debug", True, False, False), ("warn", False, True, False),
+                     ("warn", False, False, True)},
+          "EBUSY lines: the user's own bound at debug, the shared ones at warn: %r"
+          % (refused,))
 
 
 def sealed_memfd(size=4096):
