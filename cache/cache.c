@@ -1102,14 +1102,52 @@ static const char *link_target(const char *path, char *out, size_t len) {
   return out;
 }
 
-/* Removes path and its SQLite companions, which this process created
- * while trying to open a cache there (an unusable location must not be
- * left with an empty cache file). */
-static void remove_created(const char *path, int created, int dirs) {
-  static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
+/* What stood at a cache path and at its SQLite companions before
+ * open_file made anything there, so that the clean-up after an unusable
+ * cache removes only what this process made (outside probe 20 E1: with no
+ * cache file yet, another user's "<path>-wal", or a symbolic link at
+ * "<path>-shm", was removed with the empty file this process had made,
+ * and the warning then told the admin to chown or remove it). */
+struct made {
+  int file;               /* this process made the cache file (O_EXCL) */
+  dev_t dev;              /* which file that is, when file */
+  ino_t ino;
+  unsigned had;           /* bit i: name i of made_suffix existed before */
+};
+
+static const char *const made_suffix[] = {"", "-wal", "-shm", "-journal"};
+
+/* Records in m which of path and its companions exist now (lstat: a
+ * symbolic link, dangling or not, counts). */
+static void made_snapshot(const char *path, struct made *m) {
   char p[4200];
-  for (size_t i = 0; created && i < 4; i++) {
-    snprintf(p, sizeof p, "%s%s", path, suffix[i]);
+  struct stat sb;
+  m->had = 0;
+  for (unsigned i = 0; i < 4; i++) {
+    snprintf(p, sizeof p, "%s%s", path, made_suffix[i]);
+    if (lstat(p, &sb) == 0 || errno != ENOENT)
+      m->had |= 1u << i;
+  }
+}
+
+/* Removes the files at path and its SQLite companions that this process
+ * created while trying to open a cache there (an unusable location must
+ * not be left with an empty cache file, nor a full disk with its -wal):
+ * each one that did not exist at the snapshot (m->had) and is a regular
+ * file of this process's user, and the cache file only when it is the one
+ * made (m->dev, m->ino) where this process made it.  Anything else (a
+ * file of another user, a symbolic link, one that was there before) is
+ * left alone: it is not this process's to remove. */
+static void remove_created(const char *path, int created, const struct made *m, int dirs) {
+  char p[4200];
+  struct stat sb;
+  for (unsigned i = 0; created && i < 4; i++) {
+    snprintf(p, sizeof p, "%s%s", path, made_suffix[i]);
+    if ((m->had & (1u << i)) || lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        sb.st_uid != geteuid())
+      continue;
+    if (i == 0 && m->file && (sb.st_dev != m->dev || sb.st_ino != m->ino))
+      continue;
     unlink(p);
   }
   /* The directories mkdirs_for made (the deepest `dirs` of the path's),
@@ -1253,6 +1291,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
   /* A file (and directories) this call creates are removed again when it
    * ends up unusable (a full disk left an empty file behind). */
   int created = 0, dirs = 0;
+  struct made made = {0};
   size_t plen = strlen(c->path);
   /* "DIR/c.db/" named a directory to make: mkdirs_for made c.db one, and
    * the warning then said the path was "a directory" where nothing had
@@ -1262,8 +1301,10 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     goto unusable;
   }
   int mk = mkdirs_for(c->path, &dirs);
-  if (mk >= 0)
+  if (mk >= 0) {
+    made_snapshot(c->path, &made);
     created = lstat(c->path, &sb) != 0 && errno == ENOENT;
+  }
   if (mk < 0) {
     snprintf(why, sizeof why, "cannot create its directory: %s",
              strerror(-mk));
@@ -1276,8 +1317,14 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
    * made, SQLite's open below says why. */
   if (created) {
     int fd = open(c->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0)
+    if (fd >= 0) {
+      made.file = fstat(fd, &sb) == 0;
+      made.dev = sb.st_dev;
+      made.ino = sb.st_ino;
       close(fd);
+    } else if (errno == EEXIST) {
+      created = 0; /* made meanwhile, by another process: not ours */
+    }
   }
   if (check_trust(c->path, why, sizeof why) != 0)
     goto unusable;
@@ -1311,6 +1358,8 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
       goto unusable;
     }
     created = !aside;
+    made_snapshot(c->path, &made); /* what the move left there is not new */
+    made.file = 0;
     if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
       goto unusable;
     if (aside)
@@ -1347,7 +1396,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     /* Transient: another process (a daemon rebuilding a shared cache, an
      * sqlite3 .backup) held its lock longer than the busy timeout. */
     if (created || dirs)
-      remove_created(c->path, created, dirs);
+      remove_created(c->path, created, &made, dirs);
     if (no_fallback)
       return DSPK_EBUSY;
     c->busy_retry = 1;
@@ -1362,7 +1411,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
   }
 unusable:
   if (created || dirs)
-    remove_created(c->path, created, dirs);
+    remove_created(c->path, created, &made, dirs);
   if (no_fallback)
     return DSPK_EIO;
   setwarn(warn, warnlen, "cache file %s is unusable (%s); using an in-memory cache",

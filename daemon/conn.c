@@ -798,10 +798,12 @@ have:
  * answer tells it); the daemon's failure (out of memory, internal) at its
  * level, limited per uid.  A refused task.run too, whose raw kernel has not
  * been compiled yet.  No line when the method logged the refusal in its own
- * (logged: struct req's). */
+ * (logged: struct req's); a debug line for the client's own per-user bound
+ * (own_limit: struct req's). */
 static void conn_refused(struct conn *c, const char *method, size_t method_len,
-                         uint32_t msgid, int err, const char *msg, bool logged) {
-  enum dspkd_level lv = dspkd_log_fail_level(err, false);
+                         uint32_t msgid, int err, const char *msg, bool logged,
+                         bool own_limit) {
+  enum dspkd_level lv = own_limit ? DSPKD_DEBUG : dspkd_log_fail_level(err, false);
   if (!logged && dspkd_log_client_line_ok((long)c->uid, lv)) {
     char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
     dspkd_log(lv, "client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
@@ -891,7 +893,7 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     if (end)
       dspkd_shm_drop_upto(c, end);
     if (err < 0)
-      conn_refused(c, m.method, m.method_len, m.msgid, err, r.msg, r.logged);
+      conn_refused(c, m.method, m.method_len, m.msgid, err, r.msg, r.logged, r.own_limit);
   }
 out:
   if (end)
@@ -1222,7 +1224,7 @@ static void discard_end(struct conn *c) {
   c->requests++;
   dspkd_shm_drop_upto(c, c->rx_pos);
   conn_refused(c, method, sizeof method - 1, c->land.msgid, c->land.err,
-               msg ? msg : dspk__strerror(c->land.err), false);
+               msg ? msg : dspk__strerror(c->land.err), false, false);
   free(msg);
 }
 
@@ -1902,6 +1904,14 @@ int dspkd_socket_check(const char *path) {
   if (r != -ECONNREFUSED) {
     dspkd_error("cannot check %s: %s", path, strerror(-r));
     return DSPK_EIO;
+  }
+  /* A stale socket of another user is not this daemon's (a socket left in
+   * a sticky directory, another daemon's): never removed (probe 20 E1). */
+  if (st.st_uid != geteuid()) {
+    dspkd_error("%s is a socket of uid %lu, not of this daemon's uid %lu, and nothing "
+                "listens on it; not replacing it (remove it, or give another --socket)",
+                path, (unsigned long)st.st_uid, (unsigned long)geteuid());
+    return DSPK_EINVAL;
   }
   dspkd_info("removing stale socket %s", path);
   if (unlink(path) != 0 && errno != ENOENT) {

@@ -1009,6 +1009,12 @@ struct req {
    * "client N: METHOD #ID: ECODE" line, which would repeat it (probe 19
    * E2: a reload refused with EIO was two err lines). */
   bool logged;
+  /* The refusal is the client's own per-user bound, whose code is not one
+   * of the client's mistakes by itself (a trace slot of its uid: EBUSY, as
+   * a shortage of all users' slots is): a debug line as every exceeded
+   * limit of the client's own (docs/admin.md, "Logs"; probe 20 E3: it was
+   * a warn line any user could write). */
+  bool own_limit;
 };
 /* A result response of method (proto/schema.h's DSPK__M_*) to msgid, its
  * fields vals (indexed by the method's DSPK__R_* enum) packed by the

@@ -455,6 +455,7 @@ static int write_synced(int fd, const char *text, size_t len, const char **step)
  * lost.  0 (it may), or -1 with errno (EEXIST: it is not a state file) and
  * what in *step. */
 #define NOT_STATE "not a state file"
+#define NOT_OURS "not its temporary file"
 static int replaceable(const char *path, const char **step) {
   static const char magic[] = "dspkd-jobs ";
   char head[sizeof magic - 1];
@@ -496,6 +497,18 @@ static int replace_file(const char *path, const char *text, size_t len,
   int fd, e;
 
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  /* A PATH.tmp left by a write cut short is this daemon's (a regular file
+   * of its user, or of keep's owner, which it gives the file) and is
+   * removed; anything else there (another user's file in a sticky
+   * directory, a symbolic link) is not dspkd's to remove (probe 20 E1). */
+  struct stat st;
+  if (lstat(tmp, &st) == 0 &&
+      (!S_ISREG(st.st_mode) ||
+       (st.st_uid != geteuid() && (!keep || st.st_uid != keep->st_uid)))) {
+    *step = NOT_OURS;
+    errno = EEXIST;
+    return -1;
+  }
   *step = "remove";
   if (unlink(tmp) != 0 && errno != ENOENT)
     return -1;
@@ -591,6 +604,11 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
              "a dspkd state file (its first line is not \"dspkd-jobs ...\"), and dspkd "
              "does not replace it: look at it, then move it away or give job_state another "
              "path", d->job_state);
+  } else if (r != 0 && strcmp(step, NOT_OURS) == 0) {
+    snprintf(msg, len, "cannot write the Slurm jobs' state file %s: %s.tmp, the name of "
+             "its temporary file, is a file dspkd did not make (a symbolic link, or another "
+             "user's file), and dspkd does not remove it: look at it, then move it away or "
+             "give job_state another path", d->job_state, d->job_state);
   } else if (r != 0) {
     static const char *const on_tmp[] = {"remove", "create", "chown", "chmod",
                                          "write",  "fsync",  "close"};

@@ -80,7 +80,9 @@ bool dspkd_log_client_mistake(int code, bool client_code);
 /* The level a failed request (a task or any other method) is logged at, by
  * its error code: the client's own mistakes (dspkd_log_client_mistake) at
  * debug; cancellations and the stop (ECANCELED, ESHUTDOWN, ECLOSED) at
- * info; resource pressure (ENOMEM, EBUSY) at warn; errors of the daemon or
+ * info; resource pressure (ENOMEM, EBUSY) at warn (a refusal by the
+ * client's own per-user bound is debug whatever its code: struct req's
+ * own_limit, daemon/conn.c); errors of the daemon or
  * a device (EDEVICE, EIO, EINTERNAL, ETIMEDOUT, a built-in op's ECOMPILE,
  * unknown codes) at error.  docs/systemd.md has the table. */
 enum dspkd_level dspkd_log_fail_level(int code, bool client_code);

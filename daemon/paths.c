@@ -476,8 +476,20 @@ int dspkd_paths_reload_check(const struct dspkd_config *nw, bool socket_fixed,
   char cname[PATH_MAX + 64];
   bool has_path = sock_has_path(run.socket, run.activated);
 
-  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
-    return 0; /* no socket, no default state file: said as a change */
+  /* A file without socket, for a daemon with no default one (not root,
+   * no absolute $XDG_RUNTIME_DIR, no $DSPK_SOCKET): the next start refuses
+   * it ("give the socket with --socket PATH"), and so does the reload
+   * (probe 20 E2: it was "reloaded", every restart-only key logged as
+   * changed). */
+  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0) {
+    const char *rt = getenv("XDG_RUNTIME_DIR");
+    snprintf(why, len, "the file sets no socket, and this daemon has no default one "
+             "(XDG_RUNTIME_DIR is %s, $DSPK_SOCKET is unset, and it does not run as root): "
+             "the next start would refuse it; give socket in the file",
+             !rt ? "not set" : !*rt ? "empty" : rt[0] != '/' ? "not an absolute path"
+                                                             : "too long");
+    return -1;
+  }
   if (job_state_fixed)
     snprintf(jobs, sizeof jobs, "%s", run.job_state);
   else if (reload_job_state(nw, sock, jobs, sizeof jobs) != 0)
@@ -522,13 +534,15 @@ int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
   char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX];
 
   /* Under socket activation the socket is the one passed, whatever the
-   * file says; a socket the command line set is not the file's either. */
-  if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0)
-    return 1;
+   * file says; a socket the command line set is not the file's either.
+   * Only socket and job_state depend on it (a socket that cannot be told
+   * made every restart-only key "changed": probe 20 E2). */
   if (strcmp(key, "socket") == 0)
-    return !dspkd_paths_same(sock, run.socket);
+    return reload_socket(nw, socket_fixed, sock, sizeof sock) != 0 ||
+           !dspkd_paths_same(sock, run.socket);
   if (strcmp(key, "job_state") == 0) {
-    if (reload_job_state(nw, sock, jobs, sizeof jobs) != 0)
+    if (reload_socket(nw, socket_fixed, sock, sizeof sock) != 0 ||
+        reload_job_state(nw, sock, jobs, sizeof jobs) != 0)
       return 1;
     return !dspkd_paths_same(jobs, run.job_state);
   }

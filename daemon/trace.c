@@ -288,6 +288,7 @@ int dspkd_m_trace(struct req *r) {
   if (!admin && nuid >= TRACE_MAX_PER_USER) {
     snprintf(r->msg, sizeof r->msg, "this user has %d traces in progress already "
              "(at most %d per user)", nuid, TRACE_MAX_PER_USER);
+    r->own_limit = true; /* its own bound: a debug line (the others are shared) */
     return DSPK_EBUSY;
   }
   if (!admin && nother >= TRACE_MAX_SESSIONS) {

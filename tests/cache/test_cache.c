@@ -1523,9 +1523,10 @@ static void open_refused(const char *path, ...) {
  * used; a file the cache makes is 0600 whatever the umask. */
 static void test_other_users(void **state) {
   struct fixture *f = *state;
-  char dir[320], db[400], side[420], victim[400], link[400];
+  char dir[320], db[400], side[420], victim[400], link[400], victim_none[400];
   struct stat sb;
   snprintf(dir, sizeof dir, "%s/t", f->dir);
+  snprintf(victim_none, sizeof victim_none, "%s/no-such-target", f->dir);
   snprintf(db, sizeof db, "%s/c.db", dir);
   assert_int_equal(mkdir(dir, 0700), 0);
 
@@ -1552,8 +1553,52 @@ static void test_other_users(void **state) {
   assert_int_equal(chmod(dir, 01777), 0);
   dspk__cache_close(open_ok(db, NULL));
   assert_int_equal(chmod(dir, 0700), 0);
+  /* With no cache file yet, a companion that makes the location unusable
+   * is left in place with the file the warning names (outside probe 20
+   * E1: the clean-up removed it with the empty file made, and the warning
+   * said to remove it); the cache file made is removed. */
+  char fresh[400], shm[420];
+  snprintf(fresh, sizeof fresh, "%s/fresh.db", dir);
+  snprintf(shm, sizeof shm, "%s-shm", fresh);
+  assert_int_equal(symlink(victim_none, shm), 0);
+  open_refused(fresh, shm, "a file SQLite keeps beside it, is a symbolic link", NULL);
+  assert_int_equal(lstat(shm, &sb), 0);
+  assert_true(S_ISLNK(sb.st_mode));
+  assert_int_equal(lstat(fresh, &sb), -1);
+  assert_int_equal(unlink(shm), 0);
   if (geteuid() != 0)
     return; /* another owner needs root (ctest runs this as root in CI and here) */
+
+  /* Another user's companions, their contents kept, in a private and in a
+   * sticky directory: -wal, -shm and -journal each; and root's link. */
+  static const char notes[] = "another user's notes\n";
+  static const char *const sides[] = {"-wal", "-shm", "-journal"};
+  for (int sticky = 0; sticky < 2; sticky++) {
+    assert_int_equal(chmod(dir, sticky ? 01777 : 0700), 0);
+    for (size_t i = 0; i < 3; i++) {
+      snprintf(side, sizeof side, "%s%s", fresh, sides[i]);
+      fd = open(side, O_WRONLY | O_CREAT | O_EXCL, 0600);
+      assert_true(fd >= 0);
+      assert_int_equal(write(fd, notes, sizeof notes - 1), (ssize_t)(sizeof notes - 1));
+      close(fd);
+      assert_int_equal(chown(side, 65534, 65534), 0);
+      open_refused(fresh, side, "is owned by uid 65534, not by uid 0", "chown it", NULL);
+      char kept[sizeof notes] = "";
+      fd = open(side, O_RDONLY);
+      assert_true(fd >= 0);
+      assert_int_equal(read(fd, kept, sizeof kept), (ssize_t)(sizeof notes - 1));
+      close(fd);
+      assert_string_equal(kept, notes);
+      assert_int_equal(lstat(fresh, &sb), -1); /* the file made, removed */
+      assert_int_equal(unlink(side), 0);
+      assert_int_equal(symlink("/etc/hostname", side), 0);
+      open_refused(fresh, side, "is a symbolic link; remove it", NULL);
+      assert_int_equal(lstat(side, &sb), 0);
+      assert_true(S_ISLNK(sb.st_mode));
+      assert_int_equal(unlink(side), 0);
+    }
+  }
+  assert_int_equal(chmod(dir, 0700), 0);
 
   assert_int_equal(chown(db, 65534, 65534), 0);
   open_refused(db, "the file is owned by uid 65534, not by uid 0", NULL);

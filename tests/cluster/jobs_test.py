@@ -377,6 +377,7 @@ def run(exe, submit, epilog, tmp, case=None):
             collide(exe, os.path.join(tmp, "collide"))
             lock_guard(exe, os.path.join(tmp, "lock"))
             reload_guard(exe, os.path.join(tmp, "reload"))
+            tmp_guard(exe, os.path.join(tmp, "tmpguard"))
             return 0
         cli(d, submit, gpu, cpu)
 
@@ -2012,6 +2013,49 @@ def reload_guard(exe, tmp):
         check("job_state changed; it takes effect at the next start" in d.logtext(),
               "a good job_state at a reload")
     daemon_check(Daemon(exe, tmp, ["--config", conf]), reloads)
+
+
+def tmp_guard(exe, tmp):
+    """The state file's PATH.tmp is removed before a write only when it is dspkd's (a
+    regular file of its user, left by a write cut short); another user's file there (a
+    sticky directory) or a symbolic link is left alone with its contents, and the write
+    fails with EIO naming it (probe 20 E1: each write unlinked PATH.tmp whatever it
+    was)."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o1777)
+    state = os.path.join(tmp, "t.jobs")
+    notes = "another user's notes\n"
+
+    def guarded(d):
+        admin = d.client()
+        with open(state + ".tmp", "w") as f:  # dspkd's own leftover: removed
+            f.write("half a state file")
+        admin.call("job.register", {"job": 50, "uid": 0, "devices": []})
+        check(not os.path.exists(state + ".tmp") and
+              open(state).read().startswith("dspkd-jobs "), "root's own PATH.tmp replaced")
+        for kind in ("file", "link"):
+            if kind == "file":
+                with open(state + ".tmp", "w") as f:
+                    f.write(notes)
+                os.chown(state + ".tmp", NOBODY, NOBODY)
+            else:
+                os.symlink("/etc/hostname", state + ".tmp")
+            before = open(state).read()
+            e = err_of(admin, "job.register", {"job": 51, "uid": 0, "devices": []})
+            check(e[0] == "EIO" and ("%s.tmp, the name of its temporary file, is a file "
+                                     "dspkd did not make" % state) in e[1],
+                  "%s at PATH.tmp: %r" % (kind, e))
+            st = os.lstat(state + ".tmp")
+            if kind == "file":
+                check(st.st_uid == NOBODY and open(state + ".tmp").read() == notes,
+                      "another user's PATH.tmp kept with its contents")
+            else:
+                check(stat.S_ISLNK(st.st_mode), "the link at PATH.tmp kept")
+            check(open(state).read() == before, "%s: the state file unchanged" % kind)
+            os.unlink(state + ".tmp")
+        admin.call("job.register", {"job": 51, "uid": 0, "devices": []})
+        check(sorted(job_ids(admin)) == [50, 51], "written once PATH.tmp is gone")
+    daemon_check(Daemon(exe, tmp, ["--job-state", state]), guarded)
 
 
 def collide(exe, tmp):

@@ -16,6 +16,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -1202,6 +1203,23 @@ def t_socket(exe, tmp):
     check(st.st_mode & 0o777 == 0o660, "socket mode 0660, got %o" % (st.st_mode & 0o777))
     c.close()
     d.stop()
+    # Another user's stale socket is not this daemon's to remove (probe 20
+    # E1): refused, exit 1, one line naming its owner, the socket left.
+    if os.geteuid() == 0:
+        other = os.path.join(tmp, "other.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(other)
+        s.close()
+        os.chown(other, 65534, 65534)
+        p = subprocess.run([exe, "--foreground", "--config", "", "--no-cache", "--socket",
+                            other, "--backends", "cpu"], stderr=subprocess.PIPE,
+                           timeout=TIMEOUT)
+        st = os.lstat(other)
+        check(p.returncode == 1 and b"is a socket of uid 65534, not of this daemon's uid 0"
+              in p.stderr and stat.S_ISSOCK(st.st_mode) and st.st_uid == 65534,
+              "another user's stale socket left: %r" % p.stderr)
+    else:
+        print("skip: another user's stale socket needs root")
     # A path too long for sockaddr_un is refused with a clear message.
     long_path = os.path.join(tmp, "x" * 120 + ".sock")
     p = subprocess.run([exe, "--foreground", "--socket", long_path], stderr=subprocess.PIPE,
@@ -5230,6 +5248,17 @@ def t_traceslots(exe, tmp):
     check(got == "ok", "a trace once the others closed: %s" % got)
     c.close()
     d.stop()
+    # The log (docs/admin.md, "Logs"): a user's own bound exceeded is its own
+    # limit, a debug line (probe 20 E3: warn, which any user could write);
+    # the slots shared by all non-admins, or by the admins, full are the
+    # daemon's shortage, warn.
+    refused = re.findall(r"(\w+): client \d+: trace #\d+: EBUSY: (.*)", d.logtext())
+    # (the last loop may add an admin's refusals while the closes are seen)
+    levels = {(lv, "per user" in m, "not admins" in m, "of admins" in m) for lv, m in refused}
+    check(levels == {("debug", True, False, False), ("warn", False, True, False),
+                     ("warn", False, False, True)},
+          "EBUSY lines: the user's own bound at debug, the shared ones at warn: %r"
+          % (refused,))
 
 
 def sealed_memfd(size=4096):

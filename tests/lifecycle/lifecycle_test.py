@@ -1571,6 +1571,72 @@ def t_reloadkeys(exe, tmp):
         check(changed_since(mark) == set(), "the running values: %r\n%s"
               % (changed_since(mark), d.logtext()))
         d.stop()
+    reload_nodefault(exe, tmp)
+
+
+def reload_nodefault(exe, tmp):
+    """A daemon with no default socket (not root, XDG_RUNTIME_DIR and
+    DSPK_SOCKET unset) whose file drops socket: the reload is refused, as
+    the next start refuses that file, and nothing is logged as changed
+    (probe 20 E2: every restart-only key was "changed" and the file
+    "reloaded"); the same daemon's other edits log only what changed."""
+    env = {"XDG_RUNTIME_DIR": "", "DSPK_SOCKET": ""}
+    pre = None
+    run = os.path.join(tmp, "nodefault")
+    os.mkdir(run, 0o700)
+    if os.geteuid() == 0:  # the daemon as nobody: root always has a default socket
+        os.chmod(tmp, 0o711)
+        os.chown(run, 65534, 65534)
+
+        def pre():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+    conf = os.path.join(tmp, "nodefault.conf")
+    sock = os.path.join(run, "s.sock")
+    cache = "cache = %s\n" % os.path.join(run, "c.db")
+    write(conf, "[daemon]\nsocket = %s\n%s" % (sock, cache))
+    os.chmod(conf, 0o644)
+    d = Daemon(exe, tmp, ["--config", conf], sock=sock, config=None, socket_flag=False,
+               env=env, preexec_fn=pre)
+
+    def reload(text):
+        write(conf, text)
+        os.chmod(conf, 0o644)
+        mark = len(d.logtext())
+        c = d.client()
+        try:
+            got = c.call("daemon.reload")
+        except RpcError as e:
+            got = e
+        c.close()
+        changed = set(re.findall(r"%s: (\w+) changed; it takes effect at the next start"
+                                 % re.escape(conf), d.logtext()[mark:]))
+        return got, changed, d.logtext()[mark:]
+
+    got, changed, log = reload("[daemon]\n" + cache)
+    check(isinstance(got, RpcError) and got.name == "EINVAL" and
+          "the file sets no socket, and this daemon has no default one (XDG_RUNTIME_DIR is "
+          "empty" in got.err.get("message", "") and "keeping the running configuration" in
+          got.err.get("message", ""), "socket dropped: refused: %r" % (got,))
+    check(changed == set() and "reloaded" not in log and
+          re.search(r"error: reload: the file sets no socket", log),
+          "socket dropped: one err line, nothing changed: %r\n%s" % (changed, log))
+    got, changed, log = reload("[daemon]\nsocket = %s\n" % sock)
+    check(got == {"reloaded": True} and changed == {"cache"},
+          "cache dropped: only cache changed: %r %r" % (got, changed))
+    got, changed, log = reload("[daemon]\nsocket = %s\n%s" % (os.path.join(run, "o.sock"),
+                                                           cache))
+    check(got == {"reloaded": True} and changed == {"socket", "job_state"},
+          "socket moved: socket and job_state changed: %r %r" % (got, changed))
+    d.stop()
+    # The start refuses the file the reload refused.
+    write(conf, "[daemon]\n" + cache)
+    os.chmod(conf, 0o644)
+    d = Daemon(exe, tmp, ["--config", conf], sock=sock, config=None, socket_flag=False,
+               env=env, preexec_fn=pre, ready=False)
+    check(d.wait() == 1 and "XDG_RUNTIME_DIR is empty: give the socket with --socket PATH"
+          in d.logtext(), "the next start refuses it:\n" + d.logtext())
 
 
 def t_reloaddefault(exe, tmp):
