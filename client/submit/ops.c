@@ -478,6 +478,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
     else
       dev = "cpu:0";
   }
+  bool shared[MAX_INPUTS] = {false}; /* n <= MAX_INPUTS */
   for (i = 0; op != DSPK_OP_KERNEL && shm_min && i < n; i++) {
     void *p;
     uint64_t id;
@@ -495,12 +496,23 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
       if (rc == 0)
         memcpy(p, tin[i].data, tin[i].nbytes);
     }
-    if (rc < 0)
+    /* Shared memory that cannot be had (a file size limit below its size,
+     * no memfd or descriptor here, more than this process can map, the
+     * daemon's max_buffers or a quota) leaves the input to the socket, as
+     * libdspkclient does with its own temporaries (dspk.h,
+     * dspk_set_shared_threshold; probe 20 D4: ulimit -f failed the command
+     * with ELIMIT).  A broken connection, a timeout, no such device, and a
+     * file that cannot be read stay the command's failure: the socket would
+     * meet them too. */
+    if (rc == DSPK_ECLOSED || rc == DSPK_ETIMEDOUT || rc == DSPK_ENODEV || rc == DSPK_EIO)
       return dspk__sub_fail_inputs(ctx, rc, npy, files, n, i);
+    if (rc < 0)
+      continue;
     tin[i].data = p; /* freed with the connection */
+    shared[i] = true;
   }
   for (i = 0; i < n; i++)
-    if (op == DSPK_OP_KERNEL || !shm_min || tin[i].nbytes < shm_min)
+    if (!shared[i])
       total += tin[i].nbytes;
   size_t lim = inline_max(ctx->client), small = INLINE_SMALL;
   if (total <= lim)
@@ -509,8 +521,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
     small = lim / (size_t)n;
   for (i = 0; i < n; i++) {
     uint64_t id;
-    if (!tin[i].nbytes || tin[i].nbytes < small ||
-        (op != DSPK_OP_KERNEL && shm_min && tin[i].nbytes >= shm_min))
+    if (!tin[i].nbytes || tin[i].nbytes < small || shared[i])
       continue;
     rc = dspk_buffer_create(ctx->client, a->device ? a->device : "any",
                             tin[i].nbytes, &id);
