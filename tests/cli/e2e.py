@@ -2715,6 +2715,11 @@ def contract_subscripts(cli, tmp):
                       ("ij,jk->iz", "output label 'z' appears in neither A nor B"),
                       ("abcdefghi,a->a", "the A term has more than 8 labels"),
                       ("ij", "needs two operands and an explicit output"),
+                      # Probe 20 B1: the call's own form, numpy's implicit output,
+                      # and no unrelated example after it.
+                      ("i,i", 'needs an explicit output: "i,i->" for numpy\'s implicit '
+                              "one (the labels that appear once, A-Z then a-z) (see "),
+                      ("zb,bA", 'needs an explicit output: "zb,bA->Az" for numpy'),
                       ("i" * 64 + ",j->j", "longer than 63 characters"),
                       # Probe 16 D1: a character by protocol.md's rule (the
                       # daemon's and the library's), not by its first byte.
