@@ -368,9 +368,30 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
                               : "diagonals/traces within one operand are not supported");
     l[term][n[term]++] = c;
   }
-  if (!arrow)
+  if (!arrow && term == 0)
     return dspk__fail(msg, len, DSPK_EINVAL,
-                "contract: \"%s\": needs an explicit output (\"ij,jk->ik\")", se);
+                "contract: \"%s\": needs two operands and an explicit output (\"A,B->out\")",
+                se);
+  if (!arrow) {
+    /* The call's own subscripts made explicit, as numpy's implicit mode
+     * reads them (the labels that appear once, in the order of their
+     * codes: A-Z, then a-z; no label repeats within a term here), so that
+     * the hint is this call's exact meaning, not an unrelated example
+     * (probe 20 B1). */
+    char out[2 * DSPK_MAX_RANK + 1];
+    int no = 0;
+    for (int c = 'A'; c <= 'z'; c++) {
+      int seen = 0;
+      for (int t = 0; t < 2; t++)
+        seen += memchr(l[t], c, (size_t)n[t]) != NULL;
+      if (seen == 1 && ((c >= 'A' && c <= 'Z') || c >= 'a'))
+        out[no++] = (char)c;
+    }
+    out[no] = 0;
+    return dspk__fail(msg, len, DSPK_EINVAL,
+                "contract: \"%s\": needs an explicit output: \"%s->%s\" for numpy's "
+                "implicit one (the labels that appear once, A-Z then a-z)", se, se, out);
+  }
   for (int t = 0; t < 3; t++)
     l[t][n[t]] = 0;
   const struct dspk__tensor *T[2] = {A, B};

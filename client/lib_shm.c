@@ -275,6 +275,12 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     c->capshm = cap;
   }
   fd = memfd_create("dspk-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  /* No descriptor left is a limit, as the Python client says it
+   * (docs/python.md; probe 20 D4: ENOMEM here, LimitExceeded there). */
+  if (fd < 0 && (errno == EMFILE || errno == ENFILE))
+    return dspk__cerr(c, DSPK_ELIMIT, "shared memory: memfd_create: %s (%s)", strerror(errno),
+                      errno == EMFILE ? "this process's open file limit, RLIMIT_NOFILE"
+                                      : "the system's open file limit");
   if (fd < 0)
     return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
   dspk__nofsz_begin(&g);

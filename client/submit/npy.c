@@ -37,8 +37,8 @@
 
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
-/* Longest decimal number accepted for one dimension. */
-#define NPY_MAX_DIGITS 19
+/* Digits of a dimension shown in a message; a longer one is cut with "...". */
+#define NPY_SHOWN_DIGITS 40
 /* Data starts at a multiple of this, as numpy (>= 1.14) writes it. */
 #define NPY_ALIGN 64
 /* dspk__npy_view maps files from this size on; smaller ones are read. */
@@ -181,19 +181,41 @@ static int lex_bool(npy_lex *lx, bool *out) {
   return 0;
 }
 
-/* A non-negative decimal integer of at most NPY_MAX_DIGITS digits. */
-static int lex_uint(npy_lex *lx, uint64_t *out) {
+/* Dimension k of a shape: a non-negative decimal integer as numpy writes
+ * it (Python's repr of an int: no sign, no leading zero, no '_'; "00" and
+ * "06" are refused, which numpy.load refuses or reads as 0 and 6).  One
+ * above 2^63-1 fits no numpy dimension (an intp) nor a dspk tensor's
+ * (protocol.md, Tensors): ELIMIT with its digits, as the daemon says a
+ * shape it cannot hold (probe 20 D1; it was read as a uint64 and sent
+ * wrapped to a negative int64 where another axis was 0). */
+static int lex_uint(npy_lex *lx, int k, uint64_t *out) {
   uint64_t v = 0;
-  int nd = 0;
+  bool over = false;
+  const char *d0;
   lex_ws(lx);
+  d0 = lx->p;
   while (lx->p < lx->end && *lx->p >= '0' && *lx->p <= '9') {
-    if (++nd > NPY_MAX_DIGITS)
-      return lex_fail(lx, "dimension too large");
-    v = v * 10 + (uint64_t)(*lx->p - '0');
+    unsigned dig = (unsigned)(*lx->p - '0');
+    if (v > ((uint64_t)INT64_MAX - dig) / 10)
+      over = true;
+    else
+      v = v * 10 + dig;
     lx->p++;
   }
-  if (nd == 0)
+  if (lx->p == d0)
     return lex_fail(lx, "expected a non-negative integer");
+  if (*d0 == '0' && lx->p - d0 > 1) {
+    lx->p = d0;
+    return lex_fail(lx, "dimension with a leading zero");
+  }
+  if (over) {
+    int nd = (int)(lx->p - d0);
+    seterr(lx->err, lx->errlen, "shape[%d]: %.*s%s is more than 2^63-1, the largest "
+           "dimension numpy or a dspk tensor takes; is the header's shape right?", k,
+           nd > NPY_SHOWN_DIGITS ? NPY_SHOWN_DIGITS : nd, d0,
+           nd > NPY_SHOWN_DIGITS ? "..." : "");
+    return DSPK_ELIMIT;
+  }
   *out = v;
   return 0;
 }
@@ -218,7 +240,7 @@ static int lex_shape(npy_lex *lx, uint64_t *shape, int *rank) {
              DSPK_MAX_RANK);
       return DSPK_ELIMIT;
     }
-    rc = lex_uint(lx, &d);
+    rc = lex_uint(lx, n, &d);
     if (rc < 0)
       return rc;
     shape[n++] = d;
@@ -404,34 +426,62 @@ static void fmt_shape(char *buf, size_t cap, int rank, const uint64_t *shape) {
     snprintf(buf + n, cap - n, rank == 1 ? ",)" : ")");
 }
 
-/* Number of elements and bytes of a parsed header, with overflow checks. */
+/* Number of elements and bytes of a parsed header, by the rule of every
+ * dspk tensor (protocol.md, Tensors; dspk.h, dspk_tensor_numel): each
+ * dimension at most 2^63-1, and the product of the dimensions, a 0 counted
+ * as 1, times the item size at most 2^63-1 bytes, for a shape without
+ * elements too.  A header past it is refused here, naming the file, not
+ * sent for the daemon to refuse (probe 20 D1, D2: a shape with a 0 axis
+ * was said to be "0 bytes, over the limit"). */
 static int header_sizes(const dspk__npy_header *h, uint64_t *count,
                         size_t *nbytes, char *err, size_t errlen) {
-  uint64_t c = 1;
+  uint64_t c = 1, extent;
   size_t is = dspk__npy_itemsize(h->dtype);
+  char sh[DSPK_MAX_RANK * 22 + 8];
+  double bytes = (double)is;
+  bool empty = false, addr = false; /* addr: over SIZE_MAX only (32 bits) */
   int i;
+  extent = is;
   for (i = 0; i < h->rank; i++) {
-    if (h->shape[i] != 0 && c > UINT64_MAX / h->shape[i])
-      goto overflow;
-    c *= h->shape[i];
+    if (h->shape[i] > (uint64_t)INT64_MAX) {
+      seterr(err, errlen, "shape[%d]: %llu is more than 2^63-1, the largest dimension "
+             "numpy or a dspk tensor takes", i, (unsigned long long)h->shape[i]);
+      return DSPK_ELIMIT;
+    }
+    empty |= h->shape[i] == 0;
   }
-  if (c > SIZE_MAX / is)
-    goto overflow;
+  for (i = 0; i < h->rank; i++)
+    if ((h->shape[i] && __builtin_mul_overflow(extent, h->shape[i], &extent)) ||
+        extent > (uint64_t)INT64_MAX)
+      goto over;
+  for (i = 0; i < h->rank; i++)
+    c *= h->shape[i]; /* at most extent */
+  if (c > SIZE_MAX / (is ? is : 1)) { /* a 32-bit machine */
+    addr = true;
+    goto over;
+  }
   *count = c;
   *nbytes = (size_t)(c * is);
   return 0;
-overflow: {
-  /* The size (past 64 bits: a double) and the limit, the address space. */
-  char sh[8 * 22 + 8];
-  double bytes = (double)is;
+over:
+  /* The size (past 64 bits: a double) and the limit. */
   for (i = 0; i < h->rank; i++)
-    bytes *= (double)h->shape[i];
+    bytes *= h->shape[i] ? (double)h->shape[i] : 1.0;
   fmt_shape(sh, sizeof sh, h->rank, h->shape);
-  seterr(err, errlen, "array too large: shape %s of %s is %.3g bytes, over the limit "
-         "of %zu bytes (what this machine can address); is the header's shape right?",
-         sh, dspk__dtype_name(h->dtype), bytes, (size_t)SIZE_MAX);
+  if (empty)
+    seterr(err, errlen, "array too large: shape %s of %s has no elements, but the product of "
+           "its dimensions (0 as 1) times the item size %zu is %.3g bytes, over the limit of "
+           "2^63-1 bytes that holds even with no elements (protocol.md, Tensors); is the "
+           "header's shape right?", sh, dspk__dtype_name(h->dtype), is, bytes);
+  else if (addr)
+    seterr(err, errlen, "array too large: shape %s of %s is %.3g bytes, over the limit of "
+           "%zu bytes (what this machine can address); is the header's shape right?",
+           sh, dspk__dtype_name(h->dtype), bytes, (size_t)SIZE_MAX);
+  else
+    seterr(err, errlen, "array too large: shape %s of %s is %.3g bytes, over the limit of "
+           "2^63-1 bytes (protocol.md, Tensors); is the header's shape right?",
+           sh, dspk__dtype_name(h->dtype), bytes);
   return DSPK_ELIMIT;
-}
 }
 
 

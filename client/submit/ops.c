@@ -478,6 +478,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
     else
       dev = "cpu:0";
   }
+  bool shared[MAX_INPUTS] = {false}; /* n <= MAX_INPUTS */
   for (i = 0; op != DSPK_OP_KERNEL && shm_min && i < n; i++) {
     void *p;
     uint64_t id;
@@ -495,12 +496,23 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
       if (rc == 0)
         memcpy(p, tin[i].data, tin[i].nbytes);
     }
-    if (rc < 0)
+    /* Shared memory that cannot be had (a file size limit below its size,
+     * no memfd or descriptor here, more than this process can map, the
+     * daemon's max_buffers or a quota) leaves the input to the socket, as
+     * libdspkclient does with its own temporaries (dspk.h,
+     * dspk_set_shared_threshold; probe 20 D4: ulimit -f failed the command
+     * with ELIMIT).  A broken connection, a timeout, no such device, and a
+     * file that cannot be read stay the command's failure: the socket would
+     * meet them too. */
+    if (rc == DSPK_ECLOSED || rc == DSPK_ETIMEDOUT || rc == DSPK_ENODEV || rc == DSPK_EIO)
       return dspk__sub_fail_inputs(ctx, rc, npy, files, n, i);
+    if (rc < 0)
+      continue;
     tin[i].data = p; /* freed with the connection */
+    shared[i] = true;
   }
   for (i = 0; i < n; i++)
-    if (op == DSPK_OP_KERNEL || !shm_min || tin[i].nbytes < shm_min)
+    if (!shared[i])
       total += tin[i].nbytes;
   size_t lim = inline_max(ctx->client), small = INLINE_SMALL;
   if (total <= lim)
@@ -509,8 +521,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
     small = lim / (size_t)n;
   for (i = 0; i < n; i++) {
     uint64_t id;
-    if (!tin[i].nbytes || tin[i].nbytes < small ||
-        (op != DSPK_OP_KERNEL && shm_min && tin[i].nbytes >= shm_min))
+    if (!tin[i].nbytes || tin[i].nbytes < small || shared[i])
       continue;
     rc = dspk_buffer_create(ctx->client, a->device ? a->device : "any",
                             tin[i].nbytes, &id);
@@ -793,7 +804,7 @@ static bool has_label(const char *labels, int n, char c) {
  * output's term of letters of A or B; spaces are ignored.  NULL when well
  * formed, else why not, in why.  Only the ranks and sizes of the operands
  * are left to the daemon. */
-static const char *subscripts_error(const char *s, char *why, size_t cap) {
+static const char *subscripts_error(const char *s, char *why, size_t cap, bool *own_form) {
   static const char *names[] = {"A", "B", "output"};
   char l[3][DSPK_MAX_RANK];
   int term = 0, n[3] = {0, 0, 0};
@@ -835,9 +846,24 @@ static const char *subscripts_error(const char *s, char *why, size_t cap) {
       l[term][n[term]++] = c;
     }
   }
-  if (!arrow)
-    return term == 0 ? "needs two operands and an explicit output"
-                     : "needs an explicit output (numpy's implicit one is not supported)";
+  if (!arrow && term == 0)
+    return "needs two operands and an explicit output (\"A,B->out\")";
+  if (!arrow) {
+    /* This call's subscripts made explicit as numpy's implicit mode reads
+     * them, in the daemon's words (backends/op.c; probe 20 B1): the labels
+     * that appear once, A-Z then a-z. */
+    char out[2 * DSPK_MAX_RANK + 1];
+    int no = 0;
+    for (int c = 'A'; c <= 'z'; c++)
+      if (((c >= 'A' && c <= 'Z') || c >= 'a') &&
+          has_label(l[0], n[0], (char)c) + has_label(l[1], n[1], (char)c) == 1)
+        out[no++] = (char)c;
+    out[no] = '\0';
+    snprintf(why, cap, "needs an explicit output: \"%s->%s\" for numpy's implicit one (the "
+             "labels that appear once, A-Z then a-z)", s, out);
+    *own_form = true;
+    return why;
+  }
   for (int k = 0; k < n[2]; k++)
     if (!has_label(l[0], n[0], l[2][k]) && !has_label(l[1], n[1], l[2][k])) {
       snprintf(why, cap, "output label '%c' appears in neither A nor B", l[2][k]);
@@ -858,11 +884,12 @@ int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv) {
                               : "B.npy");
   if (rc >= 0)
     return rc;
-  char why[128];
-  const char *bad = subscripts_error(a.pos[0], why, sizeof why);
+  char why[256];
+  bool own_form = false; /* the reason gives this call's own form: no example */
+  const char *bad = subscripts_error(a.pos[0], why, sizeof why, &own_form);
   if (bad != NULL)
-    return dspk__sub_usage(ctx, "bad SUBSCRIPTS '%s': %s (like 'ik,kj->ij')",
-                           dspk__sub_arg(a.pos[0]), bad);
+    return dspk__sub_usage(ctx, "bad SUBSCRIPTS '%s': %s%s", dspk__sub_arg(a.pos[0]), bad,
+                           own_form ? "" : " (like 'ik,kj->ij')");
   dspk_task_init(&t, DSPK_OP_CONTRACT);
   t.contract.subscripts = a.pos[0];
   return run_task(ctx, &a, &t, a.pos + 1, 2);

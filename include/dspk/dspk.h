@@ -470,7 +470,9 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * a size beyond its device's memory or the user's quota is DSPK_ENOMEM or
  * DSPK_ELIMIT without committing memory here; the memory is a file (a
  * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
- * is DSPK_ELIMIT too, with a dspk_last_error() that names it.  bytes above
+ * is DSPK_ELIMIT too, with a dspk_last_error() that names it, and so is no
+ * descriptor left for the memfd (EMFILE: "... (this process's open file
+ * limit, RLIMIT_NOFILE)", ENFILE: the system's).  bytes above
  * 2^63-1 (a file's largest size) are DSPK_EINVAL ("dspk_shared_alloc:
  * bytes N passes a file's largest size (2^63-1)"), and a size this process
  * cannot map (its address space: 2^47 bytes on x86-64 with 4-level page

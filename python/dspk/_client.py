@@ -283,6 +283,24 @@ def _os_error(what: str, e: OSError) -> Error:
     return _errors.IOFailure(text)
 
 
+def _shm_size_error(size: int, e: OSError) -> Error:
+    """The dspk.Error for an OSError of sizing or mapping a memfd of ``size`` bytes:
+    past this process's file size limit (EFBIG, RLIMIT_FSIZE below ``size``: a memfd
+    is a file) dspk.LimitExceeded naming it, in libdspkclient's words (probe 20 D4:
+    it was dspk.IOFailure "File too large"); else _os_error's."""
+    if e.errno == errno.EFBIG:
+        try:
+            import resource
+            lim = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        except (ImportError, OSError, ValueError):
+            lim = -1
+        if lim != -1 and lim != getattr(resource, "RLIM_INFINITY", -1) and size > lim:
+            return _errors.LimitExceeded(
+                "shared memory of %d bytes: more than this process's file size limit "
+                "(RLIMIT_FSIZE, %d bytes)" % (size, lim))
+    return _os_error("shared memory of %d bytes" % size, e)
+
+
 def _as_error(e: BaseException) -> BaseException:
     """``e`` as the dspk.Error a public method raises: a dspk.Error as it is; an OSError
     of a system call of the client's as _os_error maps it; a MemoryError (numpy could
@@ -4675,7 +4693,7 @@ class Client:
                                 fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
                     mm, view = _map_fd(fd, size)
                 except OSError as e:
-                    raise _os_error("shared memory of %d bytes" % size, e) from None
+                    raise _shm_size_error(size, e) from None
                 res = self._new_buffer("buffer.import", {"device": device, "size": size},
                                        fds=[fd])
             finally:

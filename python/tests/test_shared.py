@@ -89,6 +89,26 @@ def raw(daemon):
 
 # ---- Client.empty_shared ---------------------------------------------------------
 
+def test_shared_memory_past_the_file_size_limit(client):
+    """A memfd is a file: shared memory past RLIMIT_FSIZE is dspk.LimitExceeded naming
+    the limit, as libdspkclient's DSPK_ELIMIT (probe 20 D4: it was dspk.IOFailure
+    "File too large"), and an operand of the automatic path that cannot have its
+    temporary crosses the socket instead (CPython ignores SIGXFSZ)."""
+    import resource
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: above the 1 MiB threshold
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, old[1]))
+    try:
+        with pytest.raises(dspk.LimitExceeded) as ei:
+            client.empty_shared((1 << 18,), np.float32)
+        assert ei.value.message == ("shared memory of 1048576 bytes: more than this "
+                                    "process's file size limit (RLIMIT_FSIZE, 65536 bytes)")
+        got = client.map("scale", x, alpha=2.0, device="cpu:0")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+    np.testing.assert_array_equal(got, x * 2)
+
+
 def test_shared_operands_and_out_against_numpy(client):
     rng = np.random.default_rng(1)
     a = client.empty_shared((96, 80), np.float32)

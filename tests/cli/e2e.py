@@ -378,11 +378,11 @@ class Ops:
                 for v in x.reshape(-1).tolist()]
         return path, flat, tuple(shape)
 
-    def run(self, what, args, ref, oshape, odt, env=None):
+    def run(self, what, args, ref, oshape, odt, env=None, preexec_fn=None):
         out = os.path.join(self.tmp, "out.npy")
         if os.path.exists(out):
             os.unlink(out)
-        self.cli.ok(*args, "-o", out, env=env)
+        self.cli.ok(*args, "-o", out, env=env, preexec_fn=preexec_fn)
         y = np.load(out)
         check(y.dtype == np.dtype(DT[odt]), "%s: dtype %s, want %s"
               % (what, y.dtype, DT[odt]))
@@ -572,6 +572,37 @@ class Ops:
         ref, osh = ref_reduce("sum", X, sx, [1])
         self.run("reduce shared --device cpu:0", ["reduce", "sum", px, "--axis", "1",
                                                   "--device", "cpu:0"], ref, osh, "f32", env)
+        # Shared memory that cannot be had leaves the inputs to the socket, as
+        # libdspkclient does (dspk.h, dspk_set_shared_threshold; cli.md
+        # DSPK_SHARED_THRESHOLD): here a file size limit (ulimit -f, SIGXFSZ
+        # at its default) below the memfd's size, for a mapped .npy of 256 KiB
+        # or more (dspk_shared_from_file), a smaller one (dspk_shared_alloc)
+        # and standard input.  It failed with ELIMIT (probe 20 D4).
+        def fsize_limit():
+            import resource
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+        pbig, XB, sxb = self.arr((5, 8000), "f64")  # 320000 bytes: mapped
+        for path, X, sx in ((pbig, XB, sxb), (pa, A, sa)):
+            ref, osh = ref_reduce("sum", X, sx, [1])
+            before = received()
+            self.run("reduce under a file size limit", ["reduce", "sum", path, "--axis", "1",
+                                                        "--device", "cpu:0"],
+                     ref, osh, "f64", env, preexec_fn=fsize_limit)
+            got = received() - before
+            check(got >= len(X) * 8, "reduce under ulimit -f: only %d bytes through the "
+                  "socket for %d of input" % (got, len(X) * 8))
+        out = os.path.join(self.tmp, "out.npy")
+        with open(pa, "rb") as f:
+            data = f.read()
+        self.cli.ok("reduce", "sum", "-", "--axis", "1", "--device", "cpu:0", "-o", out,
+                    env=env, data=data, preexec_fn=fsize_limit)
+        ref, osh = ref_reduce("sum", A, sa, [1])
+        y = np.load(out).reshape(-1).tolist()
+        check(len(y) == len(ref) and all(abs(g - r) <= 1e-10 * (1 + abs(r))
+                                         for g, r in zip(y, ref)),
+              "reduce of standard input under ulimit -f: %r, want %r" % (y[:3], ref[:3]))
+        self.cases += 1
 
     def offload(self):
         """Inputs above DSPK_SUBMIT_INLINE_MAX travel through daemon
@@ -2684,6 +2715,11 @@ def contract_subscripts(cli, tmp):
                       ("ij,jk->iz", "output label 'z' appears in neither A nor B"),
                       ("abcdefghi,a->a", "the A term has more than 8 labels"),
                       ("ij", "needs two operands and an explicit output"),
+                      # Probe 20 B1: the call's own form, numpy's implicit output,
+                      # and no unrelated example after it.
+                      ("i,i", 'needs an explicit output: "i,i->" for numpy\'s implicit '
+                              "one (the labels that appear once, A-Z then a-z) (see "),
+                      ("zb,bA", 'needs an explicit output: "zb,bA->Az" for numpy'),
                       ("i" * 64 + ",j->j", "longer than 63 characters"),
                       # Probe 16 D1: a character by protocol.md's rule (the
                       # daemon's and the library's), not by its first byte.

@@ -471,9 +471,44 @@ static void test_malformed_headers(void **state) {
              4, DSPK_EINVAL, "string too long");
   expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,", 4,
              DSPK_EINVAL, "expected a non-negative integer");
+  /* A dimension as numpy writes it: no leading zero (numpy.load refuses
+   * "06"; "00" is none of numpy's either), at most 2^63-1 (numpy's intp, a
+   * dspk tensor's int64), ELIMIT with its digits beyond, whatever the other
+   * axes (probe 20 D1, D3). */
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (06,)}", 24,
+             DSPK_EINVAL, "malformed .npy header: dimension with a leading zero at offset 51");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 00)}", 0,
+             DSPK_EINVAL, "dimension with a leading zero");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3)}", 0, 0, "");
   expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
                 "(12345678901234567890,)}",
-             4, DSPK_EINVAL, "dimension too large");
+             4, DSPK_ELIMIT, "shape[0]: 12345678901234567890 is more than 2^63-1");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(0, 9223372036854775808)}",
+             0, DSPK_ELIMIT, "shape[1]: 9223372036854775808 is more than 2^63-1, the "
+             "largest dimension numpy or a dspk tensor takes");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(18446744073709551615, 0)}",
+             0, DSPK_ELIMIT, "shape[0]: 18446744073709551615 is more than 2^63-1");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(0, 123456789012345678901234567890123456789012345678901234567890)}",
+             0, DSPK_ELIMIT, "shape[1]: 1234567890123456789012345678901234567890... is more");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(0, 9223372036854775807)}",
+             0, DSPK_ELIMIT, "array too large: shape (0, 9223372036854775807) of f32 has no "
+             "elements, but the product of its dimensions (0 as 1) times the item size 4 is "
+             "3.69e+19 bytes, over the limit of 2^63-1 bytes that holds even with no elements");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(4294967296, 4294967296, 0)}",
+             0, DSPK_ELIMIT, "shape (4294967296, 4294967296, 0) of f32 has no elements, but "
+             "the product of its dimensions (0 as 1) times the item size 4 is 7.38e+19 bytes");
+  /* The largest extent that holds: (0 as 1) * 2^61 * 4 = 2^63 passes, 2^61 - 1 holds. */
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(0, 2305843009213693952)}",
+             0, DSPK_ELIMIT, "over the limit of 2^63-1 bytes");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(0, 2305843009213693951)}",
+             0, 0, "");
 
   /* Semantics: dtype, order, limits. */
   expect_mem(1, "{'descr': '>f8', 'fortran_order': False, 'shape': (1,)}", 8,
@@ -494,7 +529,7 @@ static void test_malformed_headers(void **state) {
                 "(4294967296, 4294967296, 16)}",
              4, DSPK_ELIMIT,
              "array too large: shape (4294967296, 4294967296, 16) of f32 is 1.18e+21 bytes, "
-             "over the limit of 18446744073709551615 bytes");
+             "over the limit of 2^63-1 bytes (protocol.md, Tensors)");
   expect_mem(1, "{'descr': '<c16', 'fortran_order': False, 'shape': "
                 "(1152921504606846976,)}",
              4, DSPK_ELIMIT,

@@ -178,6 +178,29 @@ static void fsize_child(int src) {
   CHILD_CHECK(((const float *)r.out[0].data)[rn - 1] == x[rn - 1] * 2.0f, 46);
   dspk_result_free(&r);
   CHILD_CHECK(dspk_ping(c, "x", 1) == 0, 50);
+  /* No descriptor left (RLIMIT_NOFILE at the lowest free one): shared
+   * memory is DSPK_ELIMIT naming the limit, as the Python client says it
+   * (probe 20 D4: it was DSPK_ENOMEM), and an operand's temporary falls
+   * back to the socket. */
+  {
+    struct rlimit nf, old_nf;
+    int lowest = dup(0);
+    CHILD_CHECK(lowest >= 0 && close(lowest) == 0, 60);
+    CHILD_CHECK(getrlimit(RLIMIT_NOFILE, &old_nf) == 0, 61);
+    nf = old_nf;
+    nf.rlim_cur = (rlim_t)lowest;
+    CHILD_CHECK(setrlimit(RLIMIT_NOFILE, &nf) == 0, 62);
+    CHILD_CHECK(dspk_shared_alloc(c, NULL, 4096, &p, &id) == DSPK_ELIMIT, 63);
+    CHILD_CHECK(strstr(dspk_last_error(c), "RLIMIT_NOFILE") != NULL, 64);
+    in.shape[0] = n;
+    in.nbytes = big;
+    CHILD_CHECK(dspk_run(c, &t, &r) == 0, 65);
+    CHILD_CHECK(r.nout == 1 && r.out[0].nbytes == big, 66);
+    for (int64_t i = 0; i < n; i++)
+      CHILD_CHECK(((const float *)r.out[0].data)[i] == x[i] * 2.0f, 67);
+    dspk_result_free(&r);
+    CHILD_CHECK(setrlimit(RLIMIT_NOFILE, &old_nf) == 0, 68);
+  }
   dspk_close(c);
   free(x);
   _exit(0);

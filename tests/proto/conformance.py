@@ -3385,6 +3385,16 @@ def contract_subs(env):
     check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 3, 3, 2], "outer %r" % (r,))
     r = run(",->", t32([3], []), t32([4], []))
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [12], "scalars %r" % (r,))
+    # A missing "->": the reason gives the call's own subscripts made explicit as
+    # numpy's implicit mode reads them (the labels that appear once, A-Z then a-z),
+    # not an unrelated example (probe 20 B1: it said ("ij,jk->ik") for "i,i").
+    for subs, form in (("i,i", "i,i->"), ("ij,jk", "ij,jk->ik"), ("zb,bA", "zb,bA->Az"),
+                       ("ba, ac", "ba, ac->bc"), (",", ",->"), ("i,", "i,->i")):
+        expect(run(subs), "EINVAL", 'contract: "%s": needs an explicit output: "%s" for '
+               "numpy's implicit one" % (subs, form))
+    for subs in ("", "ij"):
+        expect(run(subs), "EINVAL", 'contract: "%s": needs two operands and an explicit '
+               'output ("A,B->out")' % subs)
     for subs, words in (("ij,jk", ["explicit output"]), ("...j,jk->...k", ["ellipsis"]),
                         ("ii,jk->ik", ["repeats", "A term"]), ("ij,jk->ii", ["repeats", "output"]),
                         ("ij,jkk->ik", ["repeats", "B term"]), ("ij,jk->iz", ["'z'"]),
