@@ -3697,7 +3697,8 @@ class Client:
 
     def _undecodable(self, what: str) -> None:
         """Bytes from the daemon that are no message of the protocol: the answers
-        decoded before them complete, then the connection is closed."""
+        decoded before them complete (none decoded after them), then the connection
+        is closed."""
         try:
             self._run_inbox(strict=False)
         finally:
@@ -3863,7 +3864,8 @@ class Client:
         it already).  An interruption leaves the rest for the next read; one that
         lands after a completion ran, before it was taken off, runs it once more
         (settling a future twice does nothing).  A message that is no message of the
-        protocol raises _NotProtocol (with ``strict``; else it is dropped)."""
+        protocol raises _NotProtocol (with ``strict``; else it is dropped with every
+        message decoded after it: the stream is broken there, _undecodable)."""
         inbox = self._inbox
         while inbox:
             item = inbox[0]
@@ -3873,7 +3875,10 @@ class Client:
                 except _NotProtocol:
                     if strict:
                         raise
-                    entry = None
+                    # The stream is broken here: what was decoded after this
+                    # message is no answer to trust (its calls fail with Closed).
+                    del inbox[:]
+                    return
                 if inbox and inbox[0] is item:  # (no call in between)
                     if entry is None:
                         del inbox[0]

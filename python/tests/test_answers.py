@@ -275,6 +275,28 @@ def test_a_message_that_is_no_protocol_message_closes_the_connection(fake, raw):
             c.ping()
 
 
+@pytest.mark.parametrize("bad", [
+    [0, 5, "x", []], [3, 1, None, {}], "str", [1, "a", None, {}], [2, 5, []]],
+    ids=["request", "kind-3", "str", "msgid-str", "method-int"])
+@pytest.mark.parametrize("split", [False, True], ids=["one-send", "two-sends"])
+def test_no_answer_after_a_message_that_is_no_protocol_message_is_taken(fake, bad, split):
+    """The stream is broken at the bad message: the well-formed answer sent after it
+    (in the same send or the next) does not complete the call, which raises
+    dspk.Closed (python.md, Connecting: "rather than be skipped while its call
+    waits"); before probe 20 C1 the ping returned that answer."""
+    def raw(msgid):
+        good = msgpack.packb([1, msgid, None, {"data": b""}])
+        if not split:
+            return msgpack.packb(bad) + good
+        f.conn.sendall(msgpack.packb(bad))
+        return good
+    f = fake({"ping": raw})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.Closed, match="the daemon sent .*; the connection is closed"):
+            c.ping()
+        assert c.closed
+
+
 def test_a_well_formed_devices_answer_passes_the_checks(fake):
     """The control: protocol.md's devices answer is taken as it is."""
     f = fake({"devices": answer({"devices": [DEVICE], "unavailable": []})})
