@@ -1471,9 +1471,17 @@ def _field(m: Mapping[str, Any], key: str, kind: str, path: str = "result") -> A
     return _want(m[key], kind, "%s.%s" % (path, key))
 
 
+# The limits of hello's answer, each required by protocol.md's table of results: a
+# daemon's answer without one would turn off a check of the client's (max_elements
+# before a copy, max_rank, max_buffers...) rather than be refused.
+_HELLO_LIMITS = ("max_message", "max_depth", "max_objects", "max_rank", "max_elements",
+                 "max_inflight", "max_unsent", "max_buffers", "max_clients",
+                 "cpu_memory_quota")
+
+
 def _decode_hello(res: Any) -> Tuple[str, int, Dict[str, int]]:
-    """hello's answer: (daemon version, client id, limits), every limit a uint and
-    max_message at least 1."""
+    """hello's answer: (daemon version, client id, limits), every limit a uint, each of
+    _HELLO_LIMITS present and max_message at least 1."""
     _want(res, "map", "result")
     daemon = _field(res, "daemon", "str")
     client_id = _field(res, "client_id", "uint")
@@ -1481,7 +1489,9 @@ def _decode_hello(res: Any) -> Tuple[str, int, Dict[str, int]]:
     for k, v in limits.items():
         _want(k, "str", "a key of result.limits")
         _want(v, "uint", "result.limits.%s" % k)
-    if _field(limits, "max_message", "uint", "result.limits") < 1:
+    for k in _HELLO_LIMITS:  # each required: the client's own checks go by them
+        _field(limits, k, "uint", "result.limits")
+    if limits["max_message"] < 1:
         raise _Malformed("result.limits.max_message is 0")
     return daemon, client_id, dict(limits)
 

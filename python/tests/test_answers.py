@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import dspk
-from conftest import TIMEOUT
+from conftest import LIMITS, TIMEOUT
 
 HELLO = {"protocol": 1, "daemon": "fake", "server": "dspkd", "client_id": 7,
-         "limits": {"max_message": 1 << 20, "max_buffers": 4096}}
+         "limits": LIMITS}
 DEVICE = {"id": "cpu:0", "backend": "cpu", "name": "cpu", "type": "cpu", "arch": "x",
           "driver": "", "uuid": "", "memory": 1 << 30, "software": False,
           "ops": {"map": ["f32"]}, "kernel_langs": []}
@@ -110,8 +110,11 @@ def fake(tmp_path):
     dict(HELLO, daemon=5),
     None,                                            # result nil, error nil
     [1, 2],
-], ids=["limits-str", "max_message-str", "max_message-0", "max_message-negative",
-        "no-limits", "no-client_id", "daemon-int", "nil", "array"])
+] + [dict(HELLO, limits={k: v for k, v in LIMITS.items() if k != gone})
+     for gone in LIMITS],                            # a limit missing (probe 20 C2)
+    ids=["limits-str", "max_message-str", "max_message-0", "max_message-negative",
+         "no-limits", "no-client_id", "daemon-int", "nil", "array"] +
+    ["no-" + k for k in LIMITS])
 def test_a_malformed_hello_answer_is_a_protocol_error(fake, result):
     f = fake({"hello": answer(result)})
     # python.md: "after `connect() to dspkd at PATH: ` as `connect()` raises it"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import dspk
-from conftest import TIMEOUT, Daemon
+from conftest import LIMITS, TIMEOUT, Daemon
 
 RNG = np.random.default_rng(7)
 
@@ -704,7 +704,7 @@ class FakeDaemon:
                 if m[2] == "hello":
                     self.conn.sendall(msgpack.packb([1, m[1], None, {
                         "protocol": 1, "daemon": "fake", "server": "dspkd", "client_id": 1,
-                        "limits": {"max_message": 1 << 20}}]))
+                        "limits": dict(LIMITS)}]))
                 else:
                     self.requests.append(m)
                     self.got.set()
