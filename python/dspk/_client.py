@@ -1749,7 +1749,8 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s%s)" % (
-            self.buffer, self.device, self.shape, self.dtype,
+            self.buffer, self.device, self.shape,
+            "dspk.bfloat16" if self.dtype == _dtypes.bfloat16 else self.dtype,
             ", freed" if self._freed else "")
 
 
@@ -2021,7 +2022,14 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
                     raise
                 raise _errors.RangeError("%s: %s is out of %s range"
                                          % (what, _num_text(v), k)) from None
-        elif k in ("tensor", "i32", "u32", "i64"):
+        elif k == "tensor":
+            v = _integer(what, v)
+            if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
+                # No input's index, as the daemon says of one it can read (EINVAL,
+                # protocol.md), whatever its size.
+                raise _errors.InvalidArgument("%s: tensor %s is not an input index"
+                                              % (what, _num_text(v)))
+        elif k in ("i32", "u32", "i64"):
             v = _integer(what, v)
             if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
                 raise _errors.RangeError("%s: %s is out of %s range"
@@ -2078,6 +2086,16 @@ def _num_text(v: Any) -> str:
         return format(ctx.plus(d).normalize(ctx), "g")
     except Exception:  # noqa: BLE001 - a value that will not be said: its kind says enough
         return _kind(v)
+
+
+def _dt_text(dt: np.dtype) -> str:
+    """A dtype for a message: its protocol name (f32, bf16...) where it has one, so
+    that dspk.bfloat16 never shows as numpy's structured [('bf16', '<u2')], else
+    numpy's name."""
+    try:
+        return wire_name(dt)
+    except Exception:  # noqa: BLE001 - one with no protocol name
+        return str(dt)
 
 
 def _kind(v: Any) -> str:
@@ -3941,11 +3959,14 @@ class Client:
             what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
                 "request %d" % fut.msgid
             if msg[2] is not None:
-                if isinstance(msg[2], dict):
-                    err = _errors.error_from(msg[2])
-                else:
+                if not isinstance(msg[2], dict):
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
+                elif msg[3] is not None:  # protocol.md: exactly one of the two is nil
+                    err = _errors.ProtocolError("%s: a malformed answer: both its error "
+                                                "and its result are set" % what)
+                else:
+                    err = _errors.error_from(msg[2])
                 return (self._answered, (msg[1], call, None, err))
             try:
                 value = call.decode(msg[3]) if call.decode else msg[3]
@@ -5151,7 +5172,7 @@ class Client:
                     "out=: the result (%s %s, %d bytes) does not fit the %d bytes of "
                     "out= (%s %s)" % (wire_name(rdt) if rdt is not None else "shape",
                                       tuple(meta[0]), math.prod(meta[0]) * meta[1], room,
-                                      dest.dtype, tuple(dest.shape)))
+                                      _dt_text(dest.dtype), tuple(dest.shape)))
             # One that fits but is of another shape or dtype would be written and then
             # refused: refused before anything is sent.
             if meta is not None and rdt is not None and \
@@ -5159,7 +5180,8 @@ class Client:
                     (tuple(meta[0]) != tuple(dest.shape) or rdt != dest.dtype):
                 raise _errors.InvalidArgument(
                     "out=: the result is %s %s, out= is %s %s" % (
-                        wire_name(rdt), tuple(meta[0]), dest.dtype, tuple(dest.shape)))
+                        wire_name(rdt), tuple(meta[0]), _dt_text(dest.dtype),
+                        tuple(dest.shape)))
         # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
         shared_ops: List[Tuple[int, int, np.ndarray]] = []
         # kernel: its results are its inputs in order, so result i is the very object
@@ -5259,7 +5281,7 @@ class Client:
                         tuple(int(n) for n in t["shape"]) != out.shape:
                     raise _errors.InvalidArgument(
                         "out=: the result is %s %s, the DeviceArray %s %s (its bytes were "
-                        "overwritten)" % (t["dtype"], tuple(t["shape"]), out.dtype,
+                        "overwritten)" % (t["dtype"], tuple(t["shape"]), _dt_text(out.dtype),
                                           out.shape))
             if out_shared is not None and outs:
                 t = outs[0]
@@ -5267,8 +5289,8 @@ class Client:
                         tuple(int(n) for n in t["shape"]) != out_shared.shape:
                     raise _errors.InvalidArgument(
                         "out=: the result is %s %s, the shared array %s %s (its bytes were "
-                        "overwritten)" % (t["dtype"], tuple(t["shape"]), out_shared.dtype,
-                                          out_shared.shape))
+                        "overwritten)" % (t["dtype"], tuple(t["shape"]),
+                                          _dt_text(out_shared.dtype), out_shared.shape))
                 return [out_shared] + [self._decode_tensor(t, operands, shared_ops, None)
                                        for t in outs[1:]]
             return [self._decode_tensor(t, operands, shared_ops, out,
@@ -5313,7 +5335,7 @@ class Client:
         n = math.prod(shape)
         if len(data) != n * dt.itemsize:
             raise _errors.ProtocolError("result of %d bytes for shape %s %s"
-                                        % (len(data), shape, dt))
+                                        % (len(data), shape, _dt_text(dt)))
         # A writable array: numpy refuses to write into the bytes object msgpack made.
         return np.frombuffer(data, dtype=dt, count=n).reshape(shape).copy()
 

@@ -300,6 +300,35 @@ def test_no_answer_after_a_message_that_is_no_protocol_message_is_taken(fake, ba
         assert c.closed
 
 
+@pytest.mark.parametrize("err, text", [
+    ("oops", "str 'oops'"), (None, "NoneType None"), (5, "int 5"), ([1], "list [1]"),
+    (b"x" * 50, "bytes b'" + "x" * 35 + "...")])
+def test_error_from_a_value_that_is_no_map_is_a_protocol_error(err, text):
+    """dspk.error_from() of what is no error map returns ProtocolError saying so, as the
+    client raises for such an answer; it raised a bare AttributeError (probe 20 C4b)."""
+    got = dspk.error_from(err)
+    assert type(got) is dspk.ProtocolError
+    assert got.message == "an error that is not a map: " + text, got.message
+
+
+def test_an_answer_with_both_error_and_result_is_a_protocol_error(fake):
+    """protocol.md: exactly one of error and result is nil.  An answer with both set is
+    malformed: ProtocolError saying so, from connect() for hello (it raised the error
+    map's class with an empty message, probe 20 C4d) and from any other call."""
+    err = {"code": -1, "name": "EINVAL", "message": ""}
+    f = fake({"hello": answer(HELLO, error=err)})
+    with pytest.raises(dspk.ProtocolError) as ei:
+        dspk.connect(f.path, timeout=TIMEOUT)
+    assert ei.value.message == "connect() to dspkd at %s: hello (request 1): a malformed " \
+        "answer: both its error and its result are set" % f.path, ei.value.message
+    f = fake({"ping": answer({"data": b""}, error=err)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError, match=r"^EPROTO: ping \(request \d+\): a "
+                           "malformed answer: both its error and its result are set$"):
+            c.ping()
+        assert not c.closed  # only that call failed
+
+
 def test_a_well_formed_devices_answer_passes_the_checks(fake):
     """The control: protocol.md's devices answer is taken as it is."""
     f = fake({"devices": answer({"devices": [DEVICE], "unavailable": []})})
