@@ -4658,7 +4658,9 @@ class Client:
         the client's next request), or when the connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
         little-endian twin.  The memfd is closed once mapped: a shared array holds no
-        file descriptor.
+        file descriptor.  Zero elements give a 0-size shared array like any other (one
+        byte is imported behind it: buffer.import refuses 0), usable as ``out=`` of a
+        0-size result.
 
         Raises:
             dspk.LimitExceeded: no file descriptor to be had (EMFILE, ENFILE), or the
