@@ -2681,6 +2681,10 @@ class Client:
         self._temp_lock = threading.Lock()
         self._any_is_cpu: Optional[bool] = None
         self._any_asking = False         # a devices call of submit() is in flight
+        # The daemon's devices, from the first devices answer of the connection (a
+        # daemon's devices do not change while it runs): the staging of operands on
+        # "any" picks its device by them without a round trip each time.
+        self._devs: Optional[List[Dict[str, Any]]] = None
         # submit()s that would wait for an answer before their task can be sent (a
         # staged operand, a large result's temporary buffer): run in order by one
         # worker thread, started when needed and gone when it has nothing to do.
@@ -4523,6 +4527,7 @@ class Client:
         ``{backend, reason}`` entries."""
         all = _flag("all", all)
         res = self._call("devices", {"all": True} if all else None, _decode_devices)
+        self._learn_devices(res)
         out = list(res["devices"])
         if all:
             out += list(res["unavailable"])
@@ -4726,7 +4731,7 @@ class Client:
 
     # ---- the automatic shared-memory path -----------------------------------------
 
-    def _shared_device(self, target: str) -> Optional[str]:
+    def _shared_device(self, target: str, op: str) -> Optional[str]:
         """The device of shared temporaries for a task on ``target``, or None (not
         cpu:0).  "any" counts only when the daemon has no hardware device: a shared
         buffer pins the task to its device, and "any" must stay free to choose."""
@@ -4741,14 +4746,34 @@ class Client:
                 self._ask_any_is_cpu()
                 return None
             try:
-                devs = self._call("devices", None, _decode_devices)["devices"]
+                self._known_devices(op)
             except (_errors.Timeout, _errors.Closed):
                 raise  # the daemon does not answer, or is gone: so would the socket
             except Error:
                 return None
-            self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
-                all(d.get("backend") == "cpu" or d.get("software") for d in devs)
         return "cpu:0" if self._any_is_cpu else None
+
+    def _learn_devices(self, res: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        """Keeps a (checked) devices answer's device list for the connection, and
+        whether "any" is cpu:0 by it; returns the list."""
+        devs = list(res["devices"])
+        self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
+            all(d.get("backend") == "cpu" or d.get("software") for d in devs)
+        self._devs = devs
+        return devs
+
+    def _known_devices(self, op: str) -> List[Dict[str, Any]]:
+        """The daemon's devices: those kept from an earlier answer, else asked now (a
+        devices call, once per connection).  Its dspk.Timeout names the op it is a
+        step of as well as the devices request."""
+        devs = self._devs
+        if devs is not None:
+            return devs
+        try:
+            return self._learn_devices(self._call("devices", None, _decode_devices))
+        except _errors.Timeout as e:
+            raise _errors.Timeout("%s: the devices call that tells where its operands "
+                                  "go: %s" % (op, e.message)) from None
 
     def _ask_any_is_cpu(self) -> None:
         """Sends a devices call, without waiting, whose answer sets _any_is_cpu."""
@@ -4757,9 +4782,7 @@ class Client:
         self._any_asking = True
 
         def learn(res: Any) -> None:
-            devs = res["devices"]
-            self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
-                all(d.get("backend") == "cpu" or d.get("software") for d in devs)
+            self._learn_devices(res)
 
         def done(f: concurrent.futures.Future) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -4778,9 +4801,10 @@ class Client:
         kernel's ``lang``, ``ops`` holding the op for its first input's dtype) a
         hardware device, else cpu:0, else a software renderer; "any" when none does
         (the daemon's error then says why)."""
-        self._no_wait()  # submit(): the devices call goes to the worker
+        if self._devs is None:
+            self._no_wait()  # submit(): the devices call goes to the worker
         try:
-            devs = self._call("devices", None, _decode_devices)["devices"]
+            devs = self._known_devices(op)
             first = wire_name(_meta(inputs[0], "input 0")[1]) if inputs else None
         except (_errors.Timeout, _errors.Closed):
             raise  # the daemon does not answer, or is gone: the call ends with it
@@ -5220,7 +5244,7 @@ class Client:
             # again on the daemon's side).  Not for kernel, whose inputs come back.
             big = [(a, t) for a, t in inline
                    if shared and self.shared_threshold and a.nbytes >= self.shared_threshold]
-            sdev = self._shared_device(target) if big and op != "kernel" else None
+            sdev = self._shared_device(target, op) if big and op != "kernel" else None
             if sdev is not None:
                 try:
                     for a, t in big:
@@ -5471,7 +5495,7 @@ class Client:
             sdev = None
             if shared and bound is not None and self.shared_threshold and \
                     bound >= self.shared_threshold and op != "kernel":
-                sdev = self._shared_device(target)
+                sdev = self._shared_device(target, op)
             rt = None
             if sdev is not None:
                 try:
