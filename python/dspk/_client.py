@@ -339,8 +339,23 @@ def _errors_as_dspk(fn: _F) -> _F:
 
 def _public(fn: _F) -> _F:
     """A public method: untraced (_untraced), its own errors as dspk.Errors
-    (_errors_as_dspk)."""
-    return _untraced(_errors_as_dspk(fn))
+    (_errors_as_dspk), in one wrapper (a call less on every call of the client's)."""
+    @functools.wraps(fn)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        tracer = sys.gettrace()
+        if tracer is not None:
+            sys.settrace(None)
+        try:
+            return fn(*args, **kwargs)
+        except (OSError, MemoryError) as e:
+            err = _as_error(e)
+            if err is e:
+                raise
+            raise err from None
+        finally:
+            if tracer is not None:
+                sys.settrace(tracer)
+    return cast(_F, method)
 
 
 class _Defer(Exception):
@@ -523,7 +538,8 @@ class _SendLock:
         """Wakes the threads waiting in claim() (the owner gave it back, or the client
         closed)."""
         with self.mutex:
-            self.cond.notify_all()
+            if self.cond._waiters:  # type: ignore[attr-defined]  # (see _wait_in)
+                self.cond.notify_all()
 
 
 class _SharedRef(weakref.ref):
@@ -816,7 +832,7 @@ class _FutureLock(_thread.RLock):
     TaskFuture._locked."""
 
     def __init__(self, gates: Optional[List[Any]] = None) -> None:
-        super().__init__()
+        # (_thread.RLock is made whole by its __new__: no super().__init__() to call)
         self.gates: List[Any] = [] if gates is None else gates
 
     def notify_all(self) -> None:
@@ -867,7 +883,25 @@ def _main_in_future_code() -> bool:
 def _on_main() -> bool:
     """Whether this is the main thread, the one that runs signal handlers (by ident:
     threading.current_thread() on a thread started by _thread makes a dummy Thread)."""
-    return _thread.get_ident() == threading.main_thread().ident
+    return _thread.get_ident() == _MAIN_IDENT[0]
+
+
+# The main thread's ident (_on_main), as threading.main_thread() has it: a child of
+# fork() has the thread that forked as its main thread (threading's own hook, run
+# before this one, which registered later, made it so).
+_MAIN_IDENT = [threading.main_thread().ident]
+# How many fork()s made this process (0 in the one that imported dspk): a client made
+# at another count is its parent's (Client._forked, without a getpid() system call
+# on every request).
+_FORKS = [0]
+
+
+def _after_fork_in_child() -> None:
+    _MAIN_IDENT[0] = threading.main_thread().ident
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _waiter_usable(waiter: Any) -> bool:
@@ -936,8 +970,14 @@ class TaskFuture(concurrent.futures.Future):
     _handed: bool = False
 
     def __init__(self) -> None:
-        super().__init__()
+        # concurrent.futures.Future.__init__'s state, but its threading.Condition,
+        # which would be made only to be replaced (a cost of every call).
         self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
+        self._state = _cf.PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: List[Any] = []
+        self._done_callbacks: List[Any] = []
 
     @property
     def msgid(self) -> int:
@@ -986,7 +1026,9 @@ class TaskFuture(concurrent.futures.Future):
         callbacks twice."""
         mine = False
         try:
-            with self._locked():
+            # (_locked(), whose main-thread case, the lock itself, is taken here)
+            with self._condition if _thread.get_ident() == _MAIN_IDENT[0] else \
+                    self._locked():
                 if self._state in _DONE_STATES:
                     # Done by an earlier attempt that an interruption may have cut
                     # before it woke the waiters or ran the callbacks: this one does.
@@ -1003,11 +1045,13 @@ class TaskFuture(concurrent.futures.Future):
                         self._result = result
                     self._state = _cf.FINISHED
                     try:
-                        self._tell_waiters(exception)
+                        if self._waiters:
+                            self._tell_waiters(exception)
                     finally:
-                        self._condition.notify_all()
+                        if self._condition.gates:
+                            self._condition.notify_all()
         finally:
-            if mine:
+            if mine and self._done_callbacks:
                 try:
                     self._invoke_callbacks()
                 except BaseException:  # noqa: B036 - an interruption: once more, then on
@@ -1372,6 +1416,13 @@ class _Call:
         self.method = method
 
 
+def _call_text(call: "_Call") -> str:
+    """What an error of an answer names: its request's method and id."""
+    msgid = call.future._msgid
+    return "%s (request %d)" % (call.method, msgid) if call.method else \
+        "request %d" % msgid
+
+
 class _Malformed(Exception):
     """An answer whose shape is not protocol.md's ("Results of each method"): a field
     missing or of another type.  Its call fails with dspk.ProtocolError (_dispatch)."""
@@ -1411,7 +1462,16 @@ def _then(fn: Callable[[Any], Any], arg: Any, value: Any) -> Iterator[Any]:
     returned, with no point in between where a signal handler runs (CPython runs
     one only between bytecodes of Python code), so that the list records exactly
     whether the step was done, wherever an interruption lands."""
-    return map(operator.itemgetter(1), zip(map(fn, (arg,)), (value,)))
+    return map(_SECOND, zip(map(fn, (arg,)), (value,)))
+
+
+# _then's iterator, written out where each call counts (the receive and send paths):
+# ``map(_SECOND, zip(map(fn, (arg,)), (value,)))``, the same chain of C calls.
+_SECOND = operator.itemgetter(1)
+
+
+_PACKERS = threading.local()  # .p: this thread's msgpack.Packer (Client._encode)
+_PACKER_KEEP = 1 << 20  # a Packer that packed a larger message is let go
 
 
 def _new_unpacker() -> msgpack.Unpacker:
@@ -1524,6 +1584,8 @@ def _decode_map(res: Any) -> Dict[str, Any]:
 
 def _decode_ping(res: Any) -> bytes:
     """ping's answer: the data echoed."""
+    if type(res) is dict and type(res.get("data")) is bytes:
+        return res["data"]  # the common case, as the checks below take it
     _want(res, "map", "result")
     return _field(res, "data", "bin")
 
@@ -2604,6 +2666,8 @@ class Client:
         # The process that connected: a child of fork() shares the socket and the
         # daemon's buffers with it, and must touch neither (_forked).
         self._pid = os.getpid()
+        self._forks = _FORKS[0]
+        self._wself = weakref.ref(self)  # each future's _owner
         # close() wakes a thread waiting to send (the daemon reads no more) by writing
         # to this socket pair, whose other end that wait watches with the socket:
         # shutdown() does not wake a wait for room to write.  A socket pair, not a
@@ -2853,7 +2917,7 @@ class Client:
 
     def _forked(self) -> bool:
         """Whether this is a child process of fork() of the process that connected."""
-        return os.getpid() != self._pid
+        return _FORKS[0] != self._forks or os.getpid() != self._pid
 
     def _fork_error(self) -> Error:
         return _errors.Closed("this client belongs to process %d, and this process (%d) "
@@ -2974,8 +3038,17 @@ class Client:
     def _encode(self, msg: List[Any], bigs: List[memoryview]) -> List[Any]:
         """The message as a list of byte chunks; each payload in ``bigs`` (already in
         ``msg`` as a placeholder ExtType) is spliced in as a bin32 without a copy."""
+        tl = _PACKERS.__dict__
+        packer = tl.get("p")
+        if packer is None:
+            packer = tl["p"] = msgpack.Packer(use_bin_type=True)
         try:
-            packed = msgpack.packb(msg, use_bin_type=True)
+            # One Packer per thread, kept (msgpack.packb makes one, with its 1 MiB
+            # buffer, on every call); pack() empties it on an error and after each
+            # message (autoreset).
+            packed = packer.pack(msg)
+            if len(packed) > _PACKER_KEEP:
+                del tl["p"]  # its buffer grew to this message's size, and keeps it
         except (OverflowError, TypeError, ValueError) as e:
             # A value msgpack cannot carry (an int beyond 64 bits, an object): the
             # caller's argument, refused before anything is sent.
@@ -3012,7 +3085,10 @@ class Client:
         the send lock, then the buffer.free owed.  The socket is written without
         blocking and waited on with poll(), so that an exception raised while waiting
         (KeyboardInterrupt from a signal handler) is known to have cut nothing."""
-        views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
+        if len(chunks) == 1 and type(chunks[0]) is bytes:  # a message msgpack packed
+            views = [memoryview(chunks[0])] if chunks[0] else []
+        else:
+            views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
         # File descriptors go with the first sendmsg of this message only, whose data
         # starts with its frame: every earlier message was written whole under the send
         # lock, so nothing of another frame precedes it in that call (protocol.md,
@@ -3023,7 +3099,8 @@ class Client:
         # hung host) fills the socket's buffer, and a blocking send, or the send lock
         # another thread holds meanwhile, would wait for ever.
         if deadline is _EACH:
-            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            timeout = self._timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
         # submit() waits for nothing, the socket included (docs/python.md, Futures):
         # while another thread holds the right to send, the op goes to the worker
         # (_Defer: nothing of it was sent), and what the socket does not take at once
@@ -3038,7 +3115,11 @@ class Client:
                     raise _Defer()
             else:
                 try:
-                    sl.claim(token, deadline, gone=self._gone)
+                    with sl.mutex:  # (claim()'s case of a free right, without the call)
+                        if sl.owner is None:
+                            sl.owner = token
+                    if sl.owner is not token:
+                        sl.claim(token, deadline, gone=self._gone)
                 except _SendWaitTimeout:
                     raise _errors.Timeout("%s: could not send the request within %gs "
                                           "(the daemon reads no more)" % (
@@ -3048,14 +3129,16 @@ class Client:
                 raise self._closed_error()
             # The frees owed first (shared arrays collected since the last request):
             # the daemon has them before this request's answer.
-            self._flush_frees_locked()
+            if self._dead_shared or self._orphans or self._dead_claims:
+                self._flush_frees_locked()
             try:
                 self._write_locked(views, anc, deadline, mark=mark, handoff=handoff)
             except _HandOff as h:
                 self._hand_off(token, h, deadline, mark, handed)
                 if handed:
                     return  # the writer thread gives the right to send back
-            self._flush_frees_locked()
+            if self._dead_shared or self._orphans or self._dead_claims:
+                self._flush_frees_locked()
         finally:
             if sl.owner is token and not handed:  # no call before the store
                 sl.owner = None
@@ -3148,7 +3231,8 @@ class Client:
         raised after part of it was written; one raised before the first byte went,
         or after the last, leaves the connection usable.  With ``handoff`` (submit()),
         _HandOff where it would wait for room."""
-        total = sent + sum(v.nbytes for v in views)
+        total = sent + (views[0].nbytes if len(views) == 1 else
+                        sum(v.nbytes for v in views))
         # What each sendmsg returned, appended by C code (list.extend of a map calls
         # sendmsg and stores its count without returning to Python code in between):
         # a signal handler runs only once the count is stored, so the bytes sent are
@@ -3167,7 +3251,8 @@ class Client:
             while views:
                 ours = None
                 try:
-                    counts.extend(map(send, _then(starts.append, None, views[:512]),
+                    counts.extend(map(send, map(_SECOND, zip(map(starts.append, (None,)),
+                                                             (views[:512],))),
                                       (anc,), (_socket.MSG_DONTWAIT,)))
                     n = counts[-1]
                 except (BlockingIOError, InterruptedError) as e:
@@ -3298,7 +3383,8 @@ class Client:
         reading back: stored before this call, so that no interruption can keep it;
         the waiters look again every _SEND_RECHECK seconds in case one cut this)."""
         with self._lock:
-            self._cond.notify_all()
+            if self._cond._waiters:  # type: ignore[attr-defined]  # (see _wait_in)
+                self._cond.notify_all()
 
     def _cut(self, err: Error) -> None:
         """The stream cannot carry another message: every pending call ends with
@@ -3418,11 +3504,12 @@ class Client:
         the caller can still attach what its answer owes (a buffer to free, shared
         temporaries to give back): such a future stays pending and is completed by
         its answer."""
-        if self._forked():  # before any lock: one held at the fork stays held here
-            raise self._fork_error()
-        self._after_jobs(method)
+        if _FORKS[0] != self._forks:  # forked (_forked), before any lock: one held at
+            raise self._fork_error()   # the fork stays held here
+        if self._jobs or self._jobs_running:  # (_jobs_pending)
+            self._after_jobs(method)
         fut = TaskFuture()
-        fut._owner = weakref.ref(self)
+        fut._owner = self._wself
         fut._method = "task.run " + args["op"] if method == "task.run" and \
             isinstance(args, Mapping) and isinstance(args.get("op"), str) else method
         if owner is not None:
@@ -3457,8 +3544,9 @@ class Client:
                          b"\xc6" + n.to_bytes(4, "big")), into)
             chunks = self._encode([0, msgid, method, [args] if args is not None else []],
                                   bigs or [])
-            size = sum(memoryview(c).nbytes for c in chunks)
-            if size > self.max_message:
+            size = len(chunks[0]) if len(chunks) == 1 else \
+                sum(memoryview(c).nbytes for c in chunks)  # (one: the packed bytes)
+            if size > self._limits.get("max_message", _DEFAULT_MAX_MESSAGE):
                 # The daemon would close the connection on its header (protocol.md,
                 # Limits): refused here, and the connection stays usable.
                 raise _errors.LimitExceeded(
@@ -3588,9 +3676,12 @@ class Client:
 
     def _wait(self, fut: TaskFuture, deadline: Any = _EACH) -> Any:
         if deadline is _EACH:
-            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            timeout = self._timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
         if not self._pump_until(fut, deadline):
             self._timed_out(fut)
+        if fut._state == _cf.FINISHED and fut._exception is None:
+            return fut._result  # the common case, without result()'s checks and waits
         return fut.result()
 
     def _pump_until(self, fut: concurrent.futures.Future, deadline: Optional[float]) -> bool:
@@ -3599,7 +3690,7 @@ class Client:
         that reads it.  The thread that reads may come here again from a callback
         (a nested wait): it goes on reading."""
         me = threading.get_ident()
-        while not fut.done():
+        while fut._state not in _DONE_STATES:  # (done(), without a call)
             if getattr(fut, "_queued", False) and not self._is_callbacks_thread():
                 # Answered, its settle queued behind progress calls on the callbacks
                 # thread: nothing more comes to read for it.
@@ -3612,7 +3703,7 @@ class Client:
             nested = True  # until this thread takes the reading: nothing to give back
             try:
                 with self._lock:
-                    if fut.done():
+                    if fut._state in _DONE_STATES:
                         break
                     if self._reading and self._reader_ident != me:
                         left = None if deadline is None else deadline - time.monotonic()
@@ -3623,7 +3714,7 @@ class Client:
                         continue
                     nested = self._reading
                     self._reading, self._reader_ident = True, me
-                while not fut.done() and not getattr(fut, "_queued", False):
+                while fut._state not in _DONE_STATES and not getattr(fut, "_queued", False):
                     if self._closed is not None:
                         if self._inbox:  # answers read before: completed first
                             self._read_once(0)
@@ -3782,7 +3873,9 @@ class Client:
         if calls:
             del calls[:]
         try:
-            done.extend(zip(*head, map(self._sock.recv_into, _then(calls.append, tok, into),
+            done.extend(zip(*head, map(self._sock.recv_into,  # (_then, written out)
+                                       map(_SECOND, zip(map(calls.append, (tok,)),
+                                                        (into,))),
                                        (0,), (_socket.MSG_DONTWAIT,))))
         except BaseException as e:
             if done and done[-1][0] is tok:
@@ -3824,7 +3917,7 @@ class Client:
             # The whole messages the last feed completed (an interruption before
             # this leaves the state fresh: taken here by the next read).
             self._inbox.extend(unpacker)
-            self._rlog.append(st._replace(fresh=False))
+            self._rlog.append(_RState(st.tok, st.pos, st.fed, st.direct, unpacker, False))
             return True
         d = st.direct
         if d is not None:
@@ -3844,10 +3937,16 @@ class Client:
             # Not at a message's start: those bytes lie inside another message.
             end = pos + 1
         if end > pos:
-            self._rlog.extend(_then(unpacker.feed, memoryview(buf)[pos:end],  # copies
-                                    _RState(tok, end, st.fed + end - pos, None, unpacker,
-                                            True)))
-            return True
+            fed = st.fed + end - pos
+            self._rlog.extend(map(_SECOND, zip(  # (_then, written out)
+                map(unpacker.feed, (memoryview(buf)[pos:end],)),  # (feed copies)
+                (_RState(tok, end, fed, None, unpacker, True),))))
+            # The fresh step above, taken at once (an interruption before it leaves
+            # the state fresh, for the next step): the whole messages this feed
+            # completed go to the inbox.
+            self._inbox.extend(unpacker)
+            self._rlog.append(_RState(tok, end, fed, None, unpacker, False))
+            return end < k  # False: every byte received is filed
         assert cut is not None
         self._take_direct(st, tok, buf, pos, k, cut[1])
         return True
@@ -3919,12 +4018,18 @@ class Client:
                 continue
             fn, args = item
             fn(*args)
-            for i, x in enumerate(inbox):
-                if x is item:
-                    del inbox[i]
-                    break
+            if inbox and inbox[0] is item:  # the common case: nothing ran it meanwhile
+                del inbox[0]
+            else:
+                for i, x in enumerate(inbox):
+                    if x is item:
+                        del inbox[i]
+                        break
             with self._lock:
-                self._cond.notify_all()
+                # Threads wait on _cond only through _wait_in, which joins _waiters
+                # under this lock: none there, none to wake.
+                if self._cond._waiters:  # type: ignore[attr-defined]
+                    self._cond.notify_all()
 
     def _answered(self, msgid: int, call: "_Call", value: Any,
                   exc: Optional[BaseException]) -> None:
@@ -3946,7 +4051,10 @@ class Client:
         protocol.error is noted, an unawaited answer's in-place read dropped, both
         harmless twice), so that an interruption here leaves the message to be
         dispatched again."""
-        if not isinstance(msg, list) or len(msg) not in (3, 4) or \
+        if type(msg) is list and len(msg) == 4 and msg[0] == 1 and \
+                type(msg[1]) is int and msg[1] >= 0:
+            pass  # an answer (the common case, checked first: the same test as below)
+        elif not isinstance(msg, list) or len(msg) not in (3, 4) or \
                 not (msg[0] == 1 and len(msg) == 4 and _KINDS["uint"](msg[1]) or
                      msg[0] == 2 and len(msg) == 3 and isinstance(msg[1], str) and
                      isinstance(msg[2], list)):
@@ -3959,10 +4067,8 @@ class Client:
             if call is None:
                 self._direct.pop(msg[1], None)
                 return None
-            fut = call.future
-            what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
-                "request %d" % fut.msgid
             if msg[2] is not None:
+                what = _call_text(call)
                 if not isinstance(msg[2], dict):
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
@@ -3978,6 +4084,7 @@ class Client:
                 if from_signal_handler(e):
                     raise  # a signal handler's: the message is dispatched again
                 err = _as_error(e)
+                what = _call_text(call)
                 if isinstance(e, _Malformed):
                     err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
                 elif not isinstance(err, Error):  # a malformed answer (KeyError...)
@@ -4123,6 +4230,17 @@ class Client:
                       exc: Optional[BaseException] = None) -> None:
         """Settles ``fut`` here, or, while progress calls of its are queued, queues the
         settle behind them (the future completes once they ran)."""
+        if not self._cb_progress:
+            # No progress call queued (one of fut's is posted by this thread, before
+            # its answer is dispatched, so it would be there): settled here.
+            if type(fut) is TaskFuture:  # (_settle's first case, without the call)
+                try:
+                    fut._finish(value if exc is None else None, exc)
+                except concurrent.futures.InvalidStateError:
+                    pass  # canceled by the caller meanwhile
+            else:
+                self._settle(fut, value, exc)
+            return
         with self._cb_lock:
             queued = self._cb_progress.get(id(fut), 0) > 0
             if queued:
@@ -4500,6 +4618,13 @@ class Client:
     def ping(self, data: BytesLike = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds.
         ``data`` (any bytes-like object) is echoed back and checked."""
+        if type(data) is bytes and not data:  # the common case: nothing to echo
+            t0 = time.perf_counter()
+            echo = self._wait(self._start("ping", None, _decode_ping))  # (_call)
+            dt = time.perf_counter() - t0
+            if echo:
+                raise _errors.ProtocolError("ping: the daemon echoed other data")
+            return dt
         try:
             view = memoryview(data)
         except TypeError:
