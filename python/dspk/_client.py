@@ -357,8 +357,23 @@ def _errors_as_dspk(fn: _F) -> _F:
 
 def _public(fn: _F) -> _F:
     """A public method: untraced (_untraced), its own errors as dspk.Errors
-    (_errors_as_dspk)."""
-    return _untraced(_errors_as_dspk(fn))
+    (_errors_as_dspk), in one wrapper (a call less on every call of the client's)."""
+    @functools.wraps(fn)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        tracer = sys.gettrace()
+        if tracer is not None:
+            sys.settrace(None)
+        try:
+            return fn(*args, **kwargs)
+        except (OSError, MemoryError) as e:
+            err = _as_error(e)
+            if err is e:
+                raise
+            raise err from None
+        finally:
+            if tracer is not None:
+                sys.settrace(tracer)
+    return cast(_F, method)
 
 
 class _Defer(Exception):
@@ -541,7 +556,8 @@ class _SendLock:
         """Wakes the threads waiting in claim() (the owner gave it back, or the client
         closed)."""
         with self.mutex:
-            self.cond.notify_all()
+            if self.cond._waiters:  # type: ignore[attr-defined]  # (see _wait_in)
+                self.cond.notify_all()
 
 
 class _SharedRef(weakref.ref):
@@ -834,7 +850,7 @@ class _FutureLock(_thread.RLock):
     TaskFuture._locked."""
 
     def __init__(self, gates: Optional[List[Any]] = None) -> None:
-        super().__init__()
+        # (_thread.RLock is made whole by its __new__: no super().__init__() to call)
         self.gates: List[Any] = [] if gates is None else gates
 
     def notify_all(self) -> None:
@@ -885,7 +901,25 @@ def _main_in_future_code() -> bool:
 def _on_main() -> bool:
     """Whether this is the main thread, the one that runs signal handlers (by ident:
     threading.current_thread() on a thread started by _thread makes a dummy Thread)."""
-    return _thread.get_ident() == threading.main_thread().ident
+    return _thread.get_ident() == _MAIN_IDENT[0]
+
+
+# The main thread's ident (_on_main), as threading.main_thread() has it: a child of
+# fork() has the thread that forked as its main thread (threading's own hook, run
+# before this one, which registered later, made it so).
+_MAIN_IDENT = [threading.main_thread().ident]
+# How many fork()s made this process (0 in the one that imported dspk): a client made
+# at another count is its parent's (Client._forked, without a getpid() system call
+# on every request).
+_FORKS = [0]
+
+
+def _after_fork_in_child() -> None:
+    _MAIN_IDENT[0] = threading.main_thread().ident
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _waiter_usable(waiter: Any) -> bool:
@@ -954,8 +988,14 @@ class TaskFuture(concurrent.futures.Future):
     _handed: bool = False
 
     def __init__(self) -> None:
-        super().__init__()
+        # concurrent.futures.Future.__init__'s state, but its threading.Condition,
+        # which would be made only to be replaced (a cost of every call).
         self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
+        self._state = _cf.PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: List[Any] = []
+        self._done_callbacks: List[Any] = []
 
     @property
     def msgid(self) -> int:
@@ -1004,7 +1044,9 @@ class TaskFuture(concurrent.futures.Future):
         callbacks twice."""
         mine = False
         try:
-            with self._locked():
+            # (_locked(), whose main-thread case, the lock itself, is taken here)
+            with self._condition if _thread.get_ident() == _MAIN_IDENT[0] else \
+                    self._locked():
                 if self._state in _DONE_STATES:
                     # Done by an earlier attempt that an interruption may have cut
                     # before it woke the waiters or ran the callbacks: this one does.
@@ -1021,11 +1063,13 @@ class TaskFuture(concurrent.futures.Future):
                         self._result = result
                     self._state = _cf.FINISHED
                     try:
-                        self._tell_waiters(exception)
+                        if self._waiters:
+                            self._tell_waiters(exception)
                     finally:
-                        self._condition.notify_all()
+                        if self._condition.gates:
+                            self._condition.notify_all()
         finally:
-            if mine:
+            if mine and self._done_callbacks:
                 try:
                     self._invoke_callbacks()
                 except BaseException:  # noqa: B036 - an interruption: once more, then on
@@ -1390,6 +1434,13 @@ class _Call:
         self.method = method
 
 
+def _call_text(call: "_Call") -> str:
+    """What an error of an answer names: its request's method and id."""
+    msgid = call.future._msgid
+    return "%s (request %d)" % (call.method, msgid) if call.method else \
+        "request %d" % msgid
+
+
 class _Malformed(Exception):
     """An answer whose shape is not protocol.md's ("Results of each method"): a field
     missing or of another type.  Its call fails with dspk.ProtocolError (_dispatch)."""
@@ -1429,7 +1480,16 @@ def _then(fn: Callable[[Any], Any], arg: Any, value: Any) -> Iterator[Any]:
     returned, with no point in between where a signal handler runs (CPython runs
     one only between bytecodes of Python code), so that the list records exactly
     whether the step was done, wherever an interruption lands."""
-    return map(operator.itemgetter(1), zip(map(fn, (arg,)), (value,)))
+    return map(_SECOND, zip(map(fn, (arg,)), (value,)))
+
+
+# _then's iterator, written out where each call counts (the receive and send paths):
+# ``map(_SECOND, zip(map(fn, (arg,)), (value,)))``, the same chain of C calls.
+_SECOND = operator.itemgetter(1)
+
+
+_PACKERS = threading.local()  # .p: this thread's msgpack.Packer (Client._encode)
+_PACKER_KEEP = 1 << 20  # a Packer that packed a larger message is let go
 
 
 def _new_unpacker() -> msgpack.Unpacker:
@@ -1489,9 +1549,17 @@ def _field(m: Mapping[str, Any], key: str, kind: str, path: str = "result") -> A
     return _want(m[key], kind, "%s.%s" % (path, key))
 
 
+# The limits of hello's answer, each required by protocol.md's table of results: a
+# daemon's answer without one would turn off a check of the client's (max_elements
+# before a copy, max_rank, max_buffers...) rather than be refused.
+_HELLO_LIMITS = ("max_message", "max_depth", "max_objects", "max_rank", "max_elements",
+                 "max_inflight", "max_unsent", "max_buffers", "max_clients",
+                 "cpu_memory_quota")
+
+
 def _decode_hello(res: Any) -> Tuple[str, int, Dict[str, int]]:
-    """hello's answer: (daemon version, client id, limits), every limit a uint and
-    max_message at least 1."""
+    """hello's answer: (daemon version, client id, limits), every limit a uint, each of
+    _HELLO_LIMITS present and max_message at least 1."""
     _want(res, "map", "result")
     daemon = _field(res, "daemon", "str")
     client_id = _field(res, "client_id", "uint")
@@ -1499,7 +1567,9 @@ def _decode_hello(res: Any) -> Tuple[str, int, Dict[str, int]]:
     for k, v in limits.items():
         _want(k, "str", "a key of result.limits")
         _want(v, "uint", "result.limits.%s" % k)
-    if _field(limits, "max_message", "uint", "result.limits") < 1:
+    for k in _HELLO_LIMITS:  # each required: the client's own checks go by them
+        _field(limits, k, "uint", "result.limits")
+    if limits["max_message"] < 1:
         raise _Malformed("result.limits.max_message is 0")
     return daemon, client_id, dict(limits)
 
@@ -1532,6 +1602,8 @@ def _decode_map(res: Any) -> Dict[str, Any]:
 
 def _decode_ping(res: Any) -> bytes:
     """ping's answer: the data echoed."""
+    if type(res) is dict and type(res.get("data")) is bytes:
+        return res["data"]  # the common case, as the checks below take it
     _want(res, "map", "result")
     return _field(res, "data", "bin")
 
@@ -1757,7 +1829,8 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s%s)" % (
-            self.buffer, self.device, self.shape, self.dtype,
+            self.buffer, self.device, self.shape,
+            "dspk.bfloat16" if self.dtype == _dtypes.bfloat16 else self.dtype,
             ", freed" if self._freed else "")
 
 
@@ -2029,7 +2102,14 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
                     raise
                 raise _errors.RangeError("%s: %s is out of %s range"
                                          % (what, _num_text(v), k)) from None
-        elif k in ("tensor", "i32", "u32", "i64"):
+        elif k == "tensor":
+            v = _integer(what, v)
+            if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
+                # No input's index, as the daemon says of one it can read (EINVAL,
+                # protocol.md), whatever its size.
+                raise _errors.InvalidArgument("%s: tensor %s is not an input index"
+                                              % (what, _num_text(v)))
+        elif k in ("i32", "u32", "i64"):
             v = _integer(what, v)
             if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
                 raise _errors.RangeError("%s: %s is out of %s range"
@@ -2086,6 +2166,16 @@ def _num_text(v: Any) -> str:
         return format(ctx.plus(d).normalize(ctx), "g")
     except Exception:  # noqa: BLE001 - a value that will not be said: its kind says enough
         return _kind(v)
+
+
+def _dt_text(dt: np.dtype) -> str:
+    """A dtype for a message: its protocol name (f32, bf16...) where it has one, so
+    that dspk.bfloat16 never shows as numpy's structured [('bf16', '<u2')], else
+    numpy's name."""
+    try:
+        return wire_name(dt)
+    except Exception:  # noqa: BLE001 - one with no protocol name
+        return str(dt)
 
 
 def _kind(v: Any) -> str:
@@ -2594,6 +2684,8 @@ class Client:
         # The process that connected: a child of fork() shares the socket and the
         # daemon's buffers with it, and must touch neither (_forked).
         self._pid = os.getpid()
+        self._forks = _FORKS[0]
+        self._wself = weakref.ref(self)  # each future's _owner
         # close() wakes a thread waiting to send (the daemon reads no more) by writing
         # to this socket pair, whose other end that wait watches with the socket:
         # shutdown() does not wake a wait for room to write.  A socket pair, not a
@@ -2671,6 +2763,10 @@ class Client:
         self._temp_lock = threading.Lock()
         self._any_is_cpu: Optional[bool] = None
         self._any_asking = False         # a devices call of submit() is in flight
+        # The daemon's devices, from the first devices answer of the connection (a
+        # daemon's devices do not change while it runs): the staging of operands on
+        # "any" picks its device by them without a round trip each time.
+        self._devs: Optional[List[Dict[str, Any]]] = None
         # submit()s that would wait for an answer before their task can be sent (a
         # staged operand, a large result's temporary buffer): run in order by one
         # worker thread, started when needed and gone when it has nothing to do.
@@ -2839,7 +2935,7 @@ class Client:
 
     def _forked(self) -> bool:
         """Whether this is a child process of fork() of the process that connected."""
-        return os.getpid() != self._pid
+        return _FORKS[0] != self._forks or os.getpid() != self._pid
 
     def _fork_error(self) -> Error:
         return _errors.Closed("this client belongs to process %d, and this process (%d) "
@@ -2960,8 +3056,17 @@ class Client:
     def _encode(self, msg: List[Any], bigs: List[memoryview]) -> List[Any]:
         """The message as a list of byte chunks; each payload in ``bigs`` (already in
         ``msg`` as a placeholder ExtType) is spliced in as a bin32 without a copy."""
+        tl = _PACKERS.__dict__
+        packer = tl.get("p")
+        if packer is None:
+            packer = tl["p"] = msgpack.Packer(use_bin_type=True)
         try:
-            packed = msgpack.packb(msg, use_bin_type=True)
+            # One Packer per thread, kept (msgpack.packb makes one, with its 1 MiB
+            # buffer, on every call); pack() empties it on an error and after each
+            # message (autoreset).
+            packed = packer.pack(msg)
+            if len(packed) > _PACKER_KEEP:
+                del tl["p"]  # its buffer grew to this message's size, and keeps it
         except (OverflowError, TypeError, ValueError) as e:
             # A value msgpack cannot carry (an int beyond 64 bits, an object): the
             # caller's argument, refused before anything is sent.
@@ -2998,7 +3103,10 @@ class Client:
         the send lock, then the buffer.free owed.  The socket is written without
         blocking and waited on with poll(), so that an exception raised while waiting
         (KeyboardInterrupt from a signal handler) is known to have cut nothing."""
-        views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
+        if len(chunks) == 1 and type(chunks[0]) is bytes:  # a message msgpack packed
+            views = [memoryview(chunks[0])] if chunks[0] else []
+        else:
+            views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
         # File descriptors go with the first sendmsg of this message only, whose data
         # starts with its frame: every earlier message was written whole under the send
         # lock, so nothing of another frame precedes it in that call (protocol.md,
@@ -3009,7 +3117,8 @@ class Client:
         # hung host) fills the socket's buffer, and a blocking send, or the send lock
         # another thread holds meanwhile, would wait for ever.
         if deadline is _EACH:
-            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            timeout = self._timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
         # submit() waits for nothing, the socket included (docs/python.md, Futures):
         # while another thread holds the right to send, the op goes to the worker
         # (_Defer: nothing of it was sent), and what the socket does not take at once
@@ -3024,7 +3133,11 @@ class Client:
                     raise _Defer()
             else:
                 try:
-                    sl.claim(token, deadline, gone=self._gone)
+                    with sl.mutex:  # (claim()'s case of a free right, without the call)
+                        if sl.owner is None:
+                            sl.owner = token
+                    if sl.owner is not token:
+                        sl.claim(token, deadline, gone=self._gone)
                 except _SendWaitTimeout:
                     raise _errors.Timeout("%s: could not send the request within %gs "
                                           "(the daemon reads no more)" % (
@@ -3034,14 +3147,16 @@ class Client:
                 raise self._closed_error()
             # The frees owed first (shared arrays collected since the last request):
             # the daemon has them before this request's answer.
-            self._flush_frees_locked()
+            if self._dead_shared or self._orphans or self._dead_claims:
+                self._flush_frees_locked()
             try:
                 self._write_locked(views, anc, deadline, mark=mark, handoff=handoff)
             except _HandOff as h:
                 self._hand_off(token, h, deadline, mark, handed)
                 if handed:
                     return  # the writer thread gives the right to send back
-            self._flush_frees_locked()
+            if self._dead_shared or self._orphans or self._dead_claims:
+                self._flush_frees_locked()
         finally:
             if sl.owner is token and not handed:  # no call before the store
                 sl.owner = None
@@ -3134,7 +3249,8 @@ class Client:
         raised after part of it was written; one raised before the first byte went,
         or after the last, leaves the connection usable.  With ``handoff`` (submit()),
         _HandOff where it would wait for room."""
-        total = sent + sum(v.nbytes for v in views)
+        total = sent + (views[0].nbytes if len(views) == 1 else
+                        sum(v.nbytes for v in views))
         # What each sendmsg returned, appended by C code (list.extend of a map calls
         # sendmsg and stores its count without returning to Python code in between):
         # a signal handler runs only once the count is stored, so the bytes sent are
@@ -3153,7 +3269,8 @@ class Client:
             while views:
                 ours = None
                 try:
-                    counts.extend(map(send, _then(starts.append, None, views[:512]),
+                    counts.extend(map(send, map(_SECOND, zip(map(starts.append, (None,)),
+                                                             (views[:512],))),
                                       (anc,), (_socket.MSG_DONTWAIT,)))
                     n = counts[-1]
                 except (BlockingIOError, InterruptedError) as e:
@@ -3284,7 +3401,8 @@ class Client:
         reading back: stored before this call, so that no interruption can keep it;
         the waiters look again every _SEND_RECHECK seconds in case one cut this)."""
         with self._lock:
-            self._cond.notify_all()
+            if self._cond._waiters:  # type: ignore[attr-defined]  # (see _wait_in)
+                self._cond.notify_all()
 
     def _cut(self, err: Error) -> None:
         """The stream cannot carry another message: every pending call ends with
@@ -3404,11 +3522,12 @@ class Client:
         the caller can still attach what its answer owes (a buffer to free, shared
         temporaries to give back): such a future stays pending and is completed by
         its answer."""
-        if self._forked():  # before any lock: one held at the fork stays held here
-            raise self._fork_error()
-        self._after_jobs(method)
+        if _FORKS[0] != self._forks:  # forked (_forked), before any lock: one held at
+            raise self._fork_error()   # the fork stays held here
+        if self._jobs or self._jobs_running:  # (_jobs_pending)
+            self._after_jobs(method)
         fut = TaskFuture()
-        fut._owner = weakref.ref(self)
+        fut._owner = self._wself
         fut._method = "task.run " + args["op"] if method == "task.run" and \
             isinstance(args, Mapping) and isinstance(args.get("op"), str) else method
         if owner is not None:
@@ -3443,8 +3562,9 @@ class Client:
                          b"\xc6" + n.to_bytes(4, "big")), into)
             chunks = self._encode([0, msgid, method, [args] if args is not None else []],
                                   bigs or [])
-            size = sum(memoryview(c).nbytes for c in chunks)
-            if size > self.max_message:
+            size = len(chunks[0]) if len(chunks) == 1 else \
+                sum(memoryview(c).nbytes for c in chunks)  # (one: the packed bytes)
+            if size > self._limits.get("max_message", _DEFAULT_MAX_MESSAGE):
                 # The daemon would close the connection on its header (protocol.md,
                 # Limits): refused here, and the connection stays usable.
                 raise _errors.LimitExceeded(
@@ -3574,9 +3694,12 @@ class Client:
 
     def _wait(self, fut: TaskFuture, deadline: Any = _EACH) -> Any:
         if deadline is _EACH:
-            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            timeout = self._timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
         if not self._pump_until(fut, deadline):
             self._timed_out(fut)
+        if fut._state == _cf.FINISHED and fut._exception is None:
+            return fut._result  # the common case, without result()'s checks and waits
         return fut.result()
 
     def _pump_until(self, fut: concurrent.futures.Future, deadline: Optional[float]) -> bool:
@@ -3585,7 +3708,7 @@ class Client:
         that reads it.  The thread that reads may come here again from a callback
         (a nested wait): it goes on reading."""
         me = threading.get_ident()
-        while not fut.done():
+        while fut._state not in _DONE_STATES:  # (done(), without a call)
             if getattr(fut, "_queued", False) and not self._is_callbacks_thread():
                 # Answered, its settle queued behind progress calls on the callbacks
                 # thread: nothing more comes to read for it.
@@ -3598,7 +3721,7 @@ class Client:
             nested = True  # until this thread takes the reading: nothing to give back
             try:
                 with self._lock:
-                    if fut.done():
+                    if fut._state in _DONE_STATES:
                         break
                     if self._reading and self._reader_ident != me:
                         left = None if deadline is None else deadline - time.monotonic()
@@ -3609,7 +3732,7 @@ class Client:
                         continue
                     nested = self._reading
                     self._reading, self._reader_ident = True, me
-                while not fut.done() and not getattr(fut, "_queued", False):
+                while fut._state not in _DONE_STATES and not getattr(fut, "_queued", False):
                     if self._closed is not None:
                         if self._inbox:  # answers read before: completed first
                             self._read_once(0)
@@ -3715,7 +3838,8 @@ class Client:
 
     def _undecodable(self, what: str) -> None:
         """Bytes from the daemon that are no message of the protocol: the answers
-        decoded before them complete, then the connection is closed."""
+        decoded before them complete (none decoded after them), then the connection
+        is closed."""
         try:
             self._run_inbox(strict=False)
         finally:
@@ -3767,7 +3891,9 @@ class Client:
         if calls:
             del calls[:]
         try:
-            done.extend(zip(*head, map(self._sock.recv_into, _then(calls.append, tok, into),
+            done.extend(zip(*head, map(self._sock.recv_into,  # (_then, written out)
+                                       map(_SECOND, zip(map(calls.append, (tok,)),
+                                                        (into,))),
                                        (0,), (_socket.MSG_DONTWAIT,))))
         except BaseException as e:
             if done and done[-1][0] is tok:
@@ -3809,7 +3935,7 @@ class Client:
             # The whole messages the last feed completed (an interruption before
             # this leaves the state fresh: taken here by the next read).
             self._inbox.extend(unpacker)
-            self._rlog.append(st._replace(fresh=False))
+            self._rlog.append(_RState(st.tok, st.pos, st.fed, st.direct, unpacker, False))
             return True
         d = st.direct
         if d is not None:
@@ -3829,10 +3955,16 @@ class Client:
             # Not at a message's start: those bytes lie inside another message.
             end = pos + 1
         if end > pos:
-            self._rlog.extend(_then(unpacker.feed, memoryview(buf)[pos:end],  # copies
-                                    _RState(tok, end, st.fed + end - pos, None, unpacker,
-                                            True)))
-            return True
+            fed = st.fed + end - pos
+            self._rlog.extend(map(_SECOND, zip(  # (_then, written out)
+                map(unpacker.feed, (memoryview(buf)[pos:end],)),  # (feed copies)
+                (_RState(tok, end, fed, None, unpacker, True),))))
+            # The fresh step above, taken at once (an interruption before it leaves
+            # the state fresh, for the next step): the whole messages this feed
+            # completed go to the inbox.
+            self._inbox.extend(unpacker)
+            self._rlog.append(_RState(tok, end, fed, None, unpacker, False))
+            return end < k  # False: every byte received is filed
         assert cut is not None
         self._take_direct(st, tok, buf, pos, k, cut[1])
         return True
@@ -3881,7 +4013,8 @@ class Client:
         it already).  An interruption leaves the rest for the next read; one that
         lands after a completion ran, before it was taken off, runs it once more
         (settling a future twice does nothing).  A message that is no message of the
-        protocol raises _NotProtocol (with ``strict``; else it is dropped)."""
+        protocol raises _NotProtocol (with ``strict``; else it is dropped with every
+        message decoded after it: the stream is broken there, _undecodable)."""
         inbox = self._inbox
         while inbox:
             item = inbox[0]
@@ -3891,7 +4024,10 @@ class Client:
                 except _NotProtocol:
                     if strict:
                         raise
-                    entry = None
+                    # The stream is broken here: what was decoded after this
+                    # message is no answer to trust (its calls fail with Closed).
+                    del inbox[:]
+                    return
                 if inbox and inbox[0] is item:  # (no call in between)
                     if entry is None:
                         del inbox[0]
@@ -3900,12 +4036,18 @@ class Client:
                 continue
             fn, args = item
             fn(*args)
-            for i, x in enumerate(inbox):
-                if x is item:
-                    del inbox[i]
-                    break
+            if inbox and inbox[0] is item:  # the common case: nothing ran it meanwhile
+                del inbox[0]
+            else:
+                for i, x in enumerate(inbox):
+                    if x is item:
+                        del inbox[i]
+                        break
             with self._lock:
-                self._cond.notify_all()
+                # Threads wait on _cond only through _wait_in, which joins _waiters
+                # under this lock: none there, none to wake.
+                if self._cond._waiters:  # type: ignore[attr-defined]
+                    self._cond.notify_all()
 
     def _answered(self, msgid: int, call: "_Call", value: Any,
                   exc: Optional[BaseException]) -> None:
@@ -3927,7 +4069,10 @@ class Client:
         protocol.error is noted, an unawaited answer's in-place read dropped, both
         harmless twice), so that an interruption here leaves the message to be
         dispatched again."""
-        if not isinstance(msg, list) or len(msg) not in (3, 4) or \
+        if type(msg) is list and len(msg) == 4 and msg[0] == 1 and \
+                type(msg[1]) is int and msg[1] >= 0:
+            pass  # an answer (the common case, checked first: the same test as below)
+        elif not isinstance(msg, list) or len(msg) not in (3, 4) or \
                 not (msg[0] == 1 and len(msg) == 4 and _KINDS["uint"](msg[1]) or
                      msg[0] == 2 and len(msg) == 3 and isinstance(msg[1], str) and
                      isinstance(msg[2], list)):
@@ -3940,15 +4085,16 @@ class Client:
             if call is None:
                 self._direct.pop(msg[1], None)
                 return None
-            fut = call.future
-            what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
-                "request %d" % fut.msgid
             if msg[2] is not None:
-                if isinstance(msg[2], dict):
-                    err = _errors.error_from(msg[2])
-                else:
+                what = _call_text(call)
+                if not isinstance(msg[2], dict):
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
+                elif msg[3] is not None:  # protocol.md: exactly one of the two is nil
+                    err = _errors.ProtocolError("%s: a malformed answer: both its error "
+                                                "and its result are set" % what)
+                else:
+                    err = _errors.error_from(msg[2])
                 return (self._answered, (msg[1], call, None, err))
             try:
                 value = call.decode(msg[3]) if call.decode else msg[3]
@@ -3956,6 +4102,7 @@ class Client:
                 if from_signal_handler(e):
                     raise  # a signal handler's: the message is dispatched again
                 err = _as_error(e)
+                what = _call_text(call)
                 if isinstance(e, _Malformed):
                     err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
                 elif not isinstance(err, Error):  # a malformed answer (KeyError...)
@@ -4101,6 +4248,17 @@ class Client:
                       exc: Optional[BaseException] = None) -> None:
         """Settles ``fut`` here, or, while progress calls of its are queued, queues the
         settle behind them (the future completes once they ran)."""
+        if not self._cb_progress:
+            # No progress call queued (one of fut's is posted by this thread, before
+            # its answer is dispatched, so it would be there): settled here.
+            if type(fut) is TaskFuture:  # (_settle's first case, without the call)
+                try:
+                    fut._finish(value if exc is None else None, exc)
+                except concurrent.futures.InvalidStateError:
+                    pass  # canceled by the caller meanwhile
+            else:
+                self._settle(fut, value, exc)
+            return
         with self._cb_lock:
             queued = self._cb_progress.get(id(fut), 0) > 0
             if queued:
@@ -4478,6 +4636,13 @@ class Client:
     def ping(self, data: BytesLike = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds.
         ``data`` (any bytes-like object) is echoed back and checked."""
+        if type(data) is bytes and not data:  # the common case: nothing to echo
+            t0 = time.perf_counter()
+            echo = self._wait(self._start("ping", None, _decode_ping))  # (_call)
+            dt = time.perf_counter() - t0
+            if echo:
+                raise _errors.ProtocolError("ping: the daemon echoed other data")
+            return dt
         try:
             view = memoryview(data)
         except TypeError:
@@ -4505,6 +4670,7 @@ class Client:
         ``{backend, reason}`` entries."""
         all = _flag("all", all)
         res = self._call("devices", {"all": True} if all else None, _decode_devices)
+        self._learn_devices(res)
         out = list(res["devices"])
         if all:
             out += list(res["unavailable"])
@@ -4640,7 +4806,9 @@ class Client:
         the client's next request), or when the connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
         little-endian twin.  The memfd is closed once mapped: a shared array holds no
-        file descriptor.
+        file descriptor.  Zero elements give a 0-size shared array like any other (one
+        byte is imported behind it: buffer.import refuses 0), usable as ``out=`` of a
+        0-size result.
 
         Raises:
             dspk.LimitExceeded: no file descriptor to be had (EMFILE, ENFILE), or the
@@ -4706,7 +4874,7 @@ class Client:
 
     # ---- the automatic shared-memory path -----------------------------------------
 
-    def _shared_device(self, target: str) -> Optional[str]:
+    def _shared_device(self, target: str, op: str) -> Optional[str]:
         """The device of shared temporaries for a task on ``target``, or None (not
         cpu:0).  "any" counts only when the daemon has no hardware device: a shared
         buffer pins the task to its device, and "any" must stay free to choose."""
@@ -4721,14 +4889,34 @@ class Client:
                 self._ask_any_is_cpu()
                 return None
             try:
-                devs = self._call("devices", None, _decode_devices)["devices"]
+                self._known_devices(op)
             except (_errors.Timeout, _errors.Closed):
                 raise  # the daemon does not answer, or is gone: so would the socket
             except Error:
                 return None
-            self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
-                all(d.get("backend") == "cpu" or d.get("software") for d in devs)
         return "cpu:0" if self._any_is_cpu else None
+
+    def _learn_devices(self, res: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        """Keeps a (checked) devices answer's device list for the connection, and
+        whether "any" is cpu:0 by it; returns the list."""
+        devs = list(res["devices"])
+        self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
+            all(d.get("backend") == "cpu" or d.get("software") for d in devs)
+        self._devs = devs
+        return devs
+
+    def _known_devices(self, op: str) -> List[Dict[str, Any]]:
+        """The daemon's devices: those kept from an earlier answer, else asked now (a
+        devices call, once per connection).  Its dspk.Timeout names the op it is a
+        step of as well as the devices request."""
+        devs = self._devs
+        if devs is not None:
+            return devs
+        try:
+            return self._learn_devices(self._call("devices", None, _decode_devices))
+        except _errors.Timeout as e:
+            raise _errors.Timeout("%s: the devices call that tells where its operands "
+                                  "go: %s" % (op, e.message)) from None
 
     def _ask_any_is_cpu(self) -> None:
         """Sends a devices call, without waiting, whose answer sets _any_is_cpu."""
@@ -4737,9 +4925,7 @@ class Client:
         self._any_asking = True
 
         def learn(res: Any) -> None:
-            devs = res["devices"]
-            self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
-                all(d.get("backend") == "cpu" or d.get("software") for d in devs)
+            self._learn_devices(res)
 
         def done(f: concurrent.futures.Future) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -4758,9 +4944,10 @@ class Client:
         kernel's ``lang``, ``ops`` holding the op for its first input's dtype) a
         hardware device, else cpu:0, else a software renderer; "any" when none does
         (the daemon's error then says why)."""
-        self._no_wait()  # submit(): the devices call goes to the worker
+        if self._devs is None:
+            self._no_wait()  # submit(): the devices call goes to the worker
         try:
-            devs = self._call("devices", None, _decode_devices)["devices"]
+            devs = self._known_devices(op)
             first = wire_name(_meta(inputs[0], "input 0")[1]) if inputs else None
         except (_errors.Timeout, _errors.Closed):
             raise  # the daemon does not answer, or is gone: the call ends with it
@@ -5154,7 +5341,7 @@ class Client:
                     "out=: the result (%s %s, %d bytes) does not fit the %d bytes of "
                     "out= (%s %s)" % (wire_name(rdt) if rdt is not None else "shape",
                                       tuple(meta[0]), math.prod(meta[0]) * meta[1], room,
-                                      dest.dtype, tuple(dest.shape)))
+                                      _dt_text(dest.dtype), tuple(dest.shape)))
             # One that fits but is of another shape or dtype would be written and then
             # refused: refused before anything is sent.
             if meta is not None and rdt is not None and \
@@ -5162,7 +5349,8 @@ class Client:
                     (tuple(meta[0]) != tuple(dest.shape) or rdt != dest.dtype):
                 raise _errors.InvalidArgument(
                     "out=: the result is %s %s, out= is %s %s" % (
-                        wire_name(rdt), tuple(meta[0]), dest.dtype, tuple(dest.shape)))
+                        wire_name(rdt), tuple(meta[0]), _dt_text(dest.dtype),
+                        tuple(dest.shape)))
         # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
         shared_ops: List[Tuple[int, int, np.ndarray]] = []
         # kernel: its results are its inputs in order, so result i is the very object
@@ -5199,7 +5387,7 @@ class Client:
             # again on the daemon's side).  Not for kernel, whose inputs come back.
             big = [(a, t) for a, t in inline
                    if shared and self.shared_threshold and a.nbytes >= self.shared_threshold]
-            sdev = self._shared_device(target) if big and op != "kernel" else None
+            sdev = self._shared_device(target, op) if big and op != "kernel" else None
             if sdev is not None:
                 try:
                     for a, t in big:
@@ -5262,7 +5450,7 @@ class Client:
                         tuple(int(n) for n in t["shape"]) != out.shape:
                     raise _errors.InvalidArgument(
                         "out=: the result is %s %s, the DeviceArray %s %s (its bytes were "
-                        "overwritten)" % (t["dtype"], tuple(t["shape"]), out.dtype,
+                        "overwritten)" % (t["dtype"], tuple(t["shape"]), _dt_text(out.dtype),
                                           out.shape))
             if out_shared is not None and outs:
                 t = outs[0]
@@ -5270,8 +5458,8 @@ class Client:
                         tuple(int(n) for n in t["shape"]) != out_shared.shape:
                     raise _errors.InvalidArgument(
                         "out=: the result is %s %s, the shared array %s %s (its bytes were "
-                        "overwritten)" % (t["dtype"], tuple(t["shape"]), out_shared.dtype,
-                                          out_shared.shape))
+                        "overwritten)" % (t["dtype"], tuple(t["shape"]),
+                                          _dt_text(out_shared.dtype), out_shared.shape))
                 return [out_shared] + [self._decode_tensor(t, operands, shared_ops, None)
                                        for t in outs[1:]]
             return [self._decode_tensor(t, operands, shared_ops, out,
@@ -5316,7 +5504,7 @@ class Client:
         n = math.prod(shape)
         if len(data) != n * dt.itemsize:
             raise _errors.ProtocolError("result of %d bytes for shape %s %s"
-                                        % (len(data), shape, dt))
+                                        % (len(data), shape, _dt_text(dt)))
         # A writable array: numpy refuses to write into the bytes object msgpack made.
         return np.frombuffer(data, dtype=dt, count=n).reshape(shape).copy()
 
@@ -5450,7 +5638,7 @@ class Client:
             sdev = None
             if shared and bound is not None and self.shared_threshold and \
                     bound >= self.shared_threshold and op != "kernel":
-                sdev = self._shared_device(target)
+                sdev = self._shared_device(target, op)
             rt = None
             if sdev is not None:
                 try:

@@ -122,7 +122,12 @@ def error_from(err: Mapping[str, Any]) -> Error:
     table is a plain Error keeping that code and its ``name`` (``"EUNKNOWN"``, as
     libdspkclient's dspk_err_name() says, where it sent none or one of another code).
     Text sent as msgpack bin, or not valid UTF-8, decodes with U+FFFD in place of what
-    is bad."""
+    is bad.  ``err`` that is not a mapping (a str, None: no error map of the protocol)
+    gives ProtocolError saying so, as the client raises for such an answer."""
+    if not isinstance(err, Mapping):
+        text = repr(err)
+        return _BY_CODE[-3]("an error that is not a map: %s %s" % (
+            type(err).__name__, text if len(text) <= 40 else text[:37] + "..."))
     code = err.get("code")
     name = _wire_text(err.get("name"))
     message = _wire_text(err.get("message"))

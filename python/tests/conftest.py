@@ -24,6 +24,12 @@ import dspk_daemon  # noqa: E402
 
 TIMEOUT = 60.0
 
+# A fake daemon's hello limits: every limit protocol.md's table of results has for
+# hello (each required: the client refuses an answer without one).
+LIMITS = {"max_message": 1 << 20, "max_depth": 16, "max_objects": 65536, "max_rank": 8,
+          "max_elements": 1 << 31, "max_inflight": 1024, "max_unsent": 64 << 20,
+          "max_buffers": 4096, "max_clients": 256, "cpu_memory_quota": 1 << 34}
+
 
 class Daemon:
     """A dspkd of the tests on its own socket."""

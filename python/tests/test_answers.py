@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import dspk
-from conftest import TIMEOUT
+from conftest import LIMITS, TIMEOUT
 
 HELLO = {"protocol": 1, "daemon": "fake", "server": "dspkd", "client_id": 7,
-         "limits": {"max_message": 1 << 20, "max_buffers": 4096}}
+         "limits": LIMITS}
 DEVICE = {"id": "cpu:0", "backend": "cpu", "name": "cpu", "type": "cpu", "arch": "x",
           "driver": "", "uuid": "", "memory": 1 << 30, "software": False,
           "ops": {"map": ["f32"]}, "kernel_langs": []}
@@ -110,8 +110,11 @@ def fake(tmp_path):
     dict(HELLO, daemon=5),
     None,                                            # result nil, error nil
     [1, 2],
-], ids=["limits-str", "max_message-str", "max_message-0", "max_message-negative",
-        "no-limits", "no-client_id", "daemon-int", "nil", "array"])
+] + [dict(HELLO, limits={k: v for k, v in LIMITS.items() if k != gone})
+     for gone in LIMITS],                            # a limit missing (probe 20 C2)
+    ids=["limits-str", "max_message-str", "max_message-0", "max_message-negative",
+         "no-limits", "no-client_id", "daemon-int", "nil", "array"] +
+    ["no-" + k for k in LIMITS])
 def test_a_malformed_hello_answer_is_a_protocol_error(fake, result):
     f = fake({"hello": answer(result)})
     # python.md: "after `connect() to dspkd at PATH: ` as `connect()` raises it"
@@ -273,6 +276,57 @@ def test_a_message_that_is_no_protocol_message_closes_the_connection(fake, raw):
         assert c.closed
         with pytest.raises(dspk.Closed):
             c.ping()
+
+
+@pytest.mark.parametrize("bad", [
+    [0, 5, "x", []], [3, 1, None, {}], "str", [1, "a", None, {}], [2, 5, []]],
+    ids=["request", "kind-3", "str", "msgid-str", "method-int"])
+@pytest.mark.parametrize("split", [False, True], ids=["one-send", "two-sends"])
+def test_no_answer_after_a_message_that_is_no_protocol_message_is_taken(fake, bad, split):
+    """The stream is broken at the bad message: the well-formed answer sent after it
+    (in the same send or the next) does not complete the call, which raises
+    dspk.Closed (python.md, Connecting: "rather than be skipped while its call
+    waits"); before probe 20 C1 the ping returned that answer."""
+    def raw(msgid):
+        good = msgpack.packb([1, msgid, None, {"data": b""}])
+        if not split:
+            return msgpack.packb(bad) + good
+        f.conn.sendall(msgpack.packb(bad))
+        return good
+    f = fake({"ping": raw})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.Closed, match="the daemon sent .*; the connection is closed"):
+            c.ping()
+        assert c.closed
+
+
+@pytest.mark.parametrize("err, text", [
+    ("oops", "str 'oops'"), (None, "NoneType None"), (5, "int 5"), ([1], "list [1]"),
+    (b"x" * 50, "bytes b'" + "x" * 35 + "...")])
+def test_error_from_a_value_that_is_no_map_is_a_protocol_error(err, text):
+    """dspk.error_from() of what is no error map returns ProtocolError saying so, as the
+    client raises for such an answer; it raised a bare AttributeError (probe 20 C4b)."""
+    got = dspk.error_from(err)
+    assert type(got) is dspk.ProtocolError
+    assert got.message == "an error that is not a map: " + text, got.message
+
+
+def test_an_answer_with_both_error_and_result_is_a_protocol_error(fake):
+    """protocol.md: exactly one of error and result is nil.  An answer with both set is
+    malformed: ProtocolError saying so, from connect() for hello (it raised the error
+    map's class with an empty message, probe 20 C4d) and from any other call."""
+    err = {"code": -1, "name": "EINVAL", "message": ""}
+    f = fake({"hello": answer(HELLO, error=err)})
+    with pytest.raises(dspk.ProtocolError) as ei:
+        dspk.connect(f.path, timeout=TIMEOUT)
+    assert ei.value.message == "connect() to dspkd at %s: hello (request 1): a malformed " \
+        "answer: both its error and its result are set" % f.path, ei.value.message
+    f = fake({"ping": answer({"data": b""}, error=err)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError, match=r"^EPROTO: ping \(request \d+\): a "
+                           "malformed answer: both its error and its result are set$"):
+            c.ping()
+        assert not c.closed  # only that call failed
 
 
 def test_a_well_formed_devices_answer_passes_the_checks(fake):

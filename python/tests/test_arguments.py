@@ -494,6 +494,12 @@ def test_kernel_arguments(client):
              "args[0].i64: 1e+5000 is out of i64 range"),
             (dict(args=[{"u32": (1 << 128) - 1}]), dspk.RangeError,
              "args[0].u32: 340282366920938463463374607431768211455 is out of u32 range"),
+            # A tensor index beyond msgpack's ints is no input's index either: EINVAL
+            # as the daemon's for 5, -1 or 2**63 (probe 20 C4c: it was RangeError).
+            (dict(args=[{"tensor": 1 << 64}]), dspk.InvalidArgument,
+             "args[0].tensor: tensor 18446744073709551616 is not an input index"),
+            (dict(args=[{"tensor": -(1 << 63) - 1}]), dspk.InvalidArgument,
+             "args[0].tensor: tensor -9223372036854775809 is not an input index"),
             (dict(grid="2"), dspk.InvalidArgument, "grid: expected an integer"),
             (dict(grid=[1, 2.0]), dspk.InvalidArgument, "grid[1]: expected an integer"),
             (dict(block=True), dspk.InvalidArgument, "block: expected an integer"),
@@ -1284,7 +1290,7 @@ def test_out_too_small_names_the_result_dtype(client):
     a = np.ones((2, 2), np.float16)
     out = client.empty((2, 2), np.float16)
     with pytest.raises(dspk.RangeError, match=r"the result \(f32 \(2, 2\), 16 bytes\) does "
-                                              r"not fit the 8 bytes of out= \(float16 "
+                                              r"not fit the 8 bytes of out= \(f16 "
                                               r"\(2, 2\)\)"):
         client.gemm(a, a, out=out)
 
@@ -1443,3 +1449,29 @@ def test_the_hints_take_what_the_calls_take(daemon, client):
         for p in list(inspect.signature(fn).parameters.values())[1:] if \
                 "." in fn.__qualname__ else inspect.signature(fn).parameters.values():
             assert p.name in hints, (fn.__qualname__, p.name)
+
+
+def test_bfloat16_is_named_as_such_in_reprs_and_messages(client):
+    """A bf16 DeviceArray's repr says dspk.bfloat16 and an out= message bf16, never
+    numpy's structured [('bf16', '<u2')] (probe 20 C4a)."""
+    b = dspk.to_bfloat16(np.ones((2, 2), np.float32))
+    d = client.to_device(b, device="cpu:0")
+    try:
+        assert repr(d) == "DeviceArray(buffer=%d, device='cpu:0', shape=(2, 2), " \
+            "dtype=dspk.bfloat16)" % d.buffer
+        a = np.ones((2, 2), np.float32)
+        with pytest.raises(dspk.RangeError) as e:
+            client.gemm(a, a, out=d)
+        assert e.value.message.endswith("does not fit the 8 bytes of out= (bf16 (2, 2))"), \
+            e.value.message
+        s = client.empty_shared((2, 2), dspk.bfloat16, device="cpu:0")
+        with pytest.raises(dspk.RangeError) as e:
+            client.gemm(a, a, out=s)
+        assert e.value.message.endswith("out= (bf16 (2, 2))"), e.value.message
+        f = client.empty_shared((2, 4), np.float16, device="cpu:0")
+        with pytest.raises(dspk.InvalidArgument) as e:
+            client.gemm(a, a, out=f)
+        assert e.value.message == "out=: the result is f32 (2, 2), out= is f16 (2, 4)", \
+            e.value.message
+    finally:
+        d.free()

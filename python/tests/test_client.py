@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import dspk
-from conftest import TIMEOUT, Daemon
+from conftest import LIMITS, TIMEOUT, Daemon
 
 RNG = np.random.default_rng(7)
 
@@ -430,6 +430,46 @@ def test_small_max_message_chunks_and_stages():
         d.stop()
 
 
+def test_staging_asks_for_the_devices_once_per_connection(monkeypatch):
+    """A staged operand on device "any" is staged on the device the "any" rule picks by
+    the daemon's devices: asked once per connection (a daemon's devices do not change
+    while it runs), not before every call (probe 20 C3: one devices request per gemm,
+    sync or submit()).  A Timeout of that devices call names the op it is a step of."""
+    sent = []
+    start = dspk.Client._start
+
+    def spy(self, method, *args, **kwargs):
+        sent.append(method)
+        return start(self, method, *args, **kwargs)
+    monkeypatch.setattr(dspk.Client, "_start", spy)
+    d = Daemon(["--max-message", "64K"])
+    try:
+        a = f32(300, 300)                          # 360 KB: staged
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            c.shared_threshold = 0
+            for _ in range(3):
+                np.testing.assert_allclose(c.gemm(a, a), a @ a, rtol=1e-4, atol=1e-3)
+            np.testing.assert_allclose(c.submit("gemm", a, a).result(TIMEOUT), a @ a,
+                                       rtol=1e-4, atol=1e-3)
+            assert sent.count("devices") == 1, sent
+            assert sent.count("task.run") == 4
+        with dspk.connect(d.socket, timeout=0.2) as c:
+            c.shared_threshold = 0
+            os.kill(d.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(dspk.Timeout) as ei:
+                    c.gemm(a, a)
+            finally:
+                os.kill(d.proc.pid, signal.SIGCONT)
+            assert ei.value.message.startswith(
+                "gemm: the devices call that tells where its operands go: devices "
+                "(request "), ei.value.message
+            c.timeout = TIMEOUT
+            c.ping()
+    finally:
+        d.stop()
+
+
 def test_tiny_max_message_pieces():
     """dspkd takes a max_message from 64 bytes.  buffer.write pieces were
     max(1, max_message - 4096) bytes: one request per byte at 4096 or less (100 KB
@@ -704,7 +744,7 @@ class FakeDaemon:
                 if m[2] == "hello":
                     self.conn.sendall(msgpack.packb([1, m[1], None, {
                         "protocol": 1, "daemon": "fake", "server": "dspkd", "client_id": 1,
-                        "limits": {"max_message": 1 << 20}}]))
+                        "limits": dict(LIMITS)}]))
                 else:
                     self.requests.append(m)
                     self.got.set()

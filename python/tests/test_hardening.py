@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dspk
-from conftest import TIMEOUT, Daemon
+from conftest import LIMITS, TIMEOUT, Daemon
 
 DOUBLE = """#version 450
 layout(local_size_x = 64) in;
@@ -482,7 +482,7 @@ def test_the_notice_is_read_after_a_failed_send(tmp_path):
                 break
         s.sendall(msgpack.packb([1, msgs[0][1], None, {
             "protocol": 1, "daemon": "fake", "server": "fake", "client_id": 1,
-            "limits": {"max_message": 1 << 20}}]))
+            "limits": dict(LIMITS)}]))
         s.sendall(msgpack.packb([2, "protocol.error", [
             {"code": -4, "name": "ELIMIT", "message": "message longer than 10 bytes"}]]))
         s.close()

@@ -1035,7 +1035,10 @@ def test_an_interrupted_start_of_the_callbacks_thread_leaves_no_thread_behind(cl
         assert set(threading.enumerate()) == listed, (n, seen[1:], threading.enumerate())
         if seen[0] <= n:
             break
-    assert hit > 20, hit
+    # Points enough to have gone through the launch (19 since _finish makes fewer
+    # calls, probe 20 C: it takes the main thread's lock and skips the waiters and
+    # callbacks that are none without a call each).
+    assert hit > 15, hit
     assert client.ping() > 0
 
 

@@ -354,6 +354,30 @@ def test_shared_buffer_freed_with_array(client):
     assert nbufs() == before  # buffer.free went before status on the same connection
 
 
+@pytest.mark.parametrize("shape", [0, (2, 0), (0, 3, 4)])
+def test_shared_array_of_zero_elements_is_a_shared_array(client, shape):
+    """python.md (Shared arrays): zero elements give a 0-size numpy array that is a
+    shared array like any other (one daemon buffer of one byte behind it, buffer.import
+    refusing 0 bytes), so that code written for any batch size works at 0: it is out=
+    of a 0-size result (returned as itself), and it goes when collected (probe 20
+    F2: this was undocumented)."""
+    def nbufs():
+        return [c for c in client.status()["clients"] if c["self"]][0]["buffers"]
+
+    before = nbufs()
+    x = client.empty_shared(shape, np.float64)
+    want = (shape,) if isinstance(shape, int) else shape
+    assert type(x) is np.ndarray and x.shape == want and x.dtype == np.float64
+    assert x.size == 0 and x.nbytes == 0
+    assert nbufs() == before + 1
+    r = client.map("abs", np.zeros(want, np.float64), out=x)
+    assert r is x
+    np.testing.assert_array_equal(client.map("abs", x), np.zeros(want))  # an operand
+    del x, r
+    gc.collect()
+    assert nbufs() == before
+
+
 def test_shared_out_wrong_shape_is_reported(client):
     a = client.empty_shared((8, 8), np.float32)
     a[:] = 1
