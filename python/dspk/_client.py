@@ -5688,15 +5688,21 @@ class Client:
 
     def _temps_done(self, fut: concurrent.futures.Future, shm: _TempList) -> None:
         """The task of ``fut`` is answered: its temporaries are free for the next.  A
-        canceled one may still run on the daemon: its temporaries are dropped."""
+        canceled one may still run on the daemon: its temporaries are dropped.  Then
+        ``shm`` lets go of the futures (none of its temporaries is held by it now):
+        the future holds this callback, which holds ``shm``, and that cycle kept the
+        future, and the result lent a temporary (_temp_lend), alive until a garbage
+        collection, the temporary busy meanwhile."""
         if not fut.cancelled():
             self._temp_put(shm)
-            return
-        with self._temp_lock:
-            mine = [t for t in shm if t.held is shm and t in self._temps]
-            for t in mine:
-                self._temps.remove(t)
-        self._temp_free(mine)
+        else:
+            with self._temp_lock:
+                mine = [t for t in shm if t.held is shm and t in self._temps]
+                for t in mine:
+                    self._temps.remove(t)
+            self._temp_free(mine)
+        shm.fut = None
+        shm.owner = []
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
