@@ -2991,6 +2991,7 @@ class Client:
         if self._closed is None:
             self._closed = self._fork_error()
         del self._dead_shared[:]  # the same list: finalizers append to it
+        del self._lent_back[:]
         del self._orphans[:]
         del self._dead_claims[:]
         try:
