@@ -1168,3 +1168,37 @@ def test_close_keeps_lent_results_and_unmaps_them_once_collected(daemon):
     del v
     gc.collect()
     assert _memfd_maps() == before
+
+
+def test_lent_results_from_many_threads_stay_their_own(client):
+    """Threads running ops at once, each keeping some of its large results: no result
+    is overwritten by another task, and never more than four temporaries are lent."""
+    import threading
+    from dspk._client import _Lent
+    x = np.arange(1 << 19, dtype=np.float32)
+    errors, most = [], [0]
+
+    def run(k):
+        try:
+            kept = []
+            for i in range(12):
+                a = float(k * 100 + i)
+                kept.append((a, client.map("scale", x, alpha=a, device="cpu:0")))
+                if i % 3:
+                    kept.pop(0)
+                with client._temp_lock:
+                    n = sum(1 for t in client._temps
+                            if isinstance(t.held, _Lent) and t.held() is not None)
+                most[0] = max(most[0], n)
+            for a, r in kept:
+                np.testing.assert_array_equal(r, x * np.float32(a))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not errors, errors
+    assert 1 <= most[0] <= 4, most
