@@ -5077,7 +5077,7 @@ class Client:
         future not completed yet) to a result of ``nbytes`` bytes: a writable uint8
         array of its first ``nbytes`` bytes whose base is a _Lease, ``t`` held by the
         lease's _Lent until the last view is collected; None (the caller copies) once
-        _TEMP_LENT_MAX temporaries are lent to results alive, once closed or forked,
+        _TEMP_LENT_MAX temporaries are lent to results alive, once closed,
         or without a _Mapping (mmap.mmap, no ctypes).  The hand-over is one store
         under _temp_lock (no call between the check and it): an interruption before
         leaves ``t`` to ``held`` (idle once the future completes), one after drops the
