@@ -107,6 +107,10 @@ _TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
 _TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
 _TEMP_IDLE_BYTES = 256 << 20  # bytes of the idle shared temporaries kept, at most
 _TEMP_IDLE_QUOTA = 8    # ... and at most this fraction of hello's cpu_memory_quota
+# A large result on cpu:0 is lent its shared temporary (a view of it, no copy) while at
+# most this many of the client's temporaries are lent to results still alive; beyond
+# that it is copied out (as libdspkclient's SHM_LENT_MAX).
+_TEMP_LENT_MAX = 4
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
 # proto/units.c's units, case-sensitive (docs/cli.md "Sizes")
 _UNITS = {"": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
@@ -656,6 +660,39 @@ class _Temp:
         self.busy = True
         self.used = 0  # when it was last made idle (Client._temp_clock)
         self.held = held  # the task's list holding it while busy (None when idle)
+
+
+class _Lease:
+    """What a lent result's arrays are views of (``numpy.asarray(lease)``): the bytes
+    ``[0, nbytes)`` of a shared temporary's mapping, which it holds (``mm``), so that the
+    mapping outlives every view, also past the client's close() or the temporary's
+    free.  Its collection, once no view is left, is what gives the temporary back
+    (_Lent): nothing runs then."""
+    __slots__ = ("mm", "__array_interface__", "__weakref__")
+
+    def __init__(self, mm: Any, address: int, nbytes: int) -> None:
+        self.mm = mm
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (address, False), "version": 3}
+
+
+class _Lent(weakref.ref):
+    """The ``held`` of a shared temporary lent to a result (its arrays are views of the
+    temporary, no copy made, as libdspkclient lends its temporaries): a weak reference
+    to the result's _Lease whose callback is the client's ``_lent_back.append`` (C
+    code: no Python code runs as the last view is collected, so no signal handler can
+    cut anything and no lock is taken inside garbage collection).  The temporary stays
+    busy while the lease lives; once it is collected, done_with() says so, and the
+    next request (_start, seeing _lent_back) or _temp_get makes the temporary idle
+    again (_temp_reclaim_locked).  The client closed, it is out of the list: the
+    lease's mapping goes with the lease."""
+    __slots__ = ()
+
+    def __init__(self, ob: Any, callback: Callable[[Any], Any]) -> None:
+        super().__init__(ob, callback)
+
+    def done_with(self) -> Optional[int]:
+        return None if self() is not None else 1
 
 
 class _TempList(list):  # of _Temp
@@ -2740,6 +2777,10 @@ class Client:
         # temporaries; sent with msgid 0 (answers to it are dropped) by _flush_frees.
         # Entries: a buffer id, or the _SharedRef of a collected shared array.
         self._dead_shared: List[Any] = []
+        # The _Lent references of results collected (their callback, C code, appends
+        # them): their temporaries are taken back at the next request (_start).  A
+        # hint only: _temp_reclaim_locked finds them without it.
+        self._lent_back: List[Any] = []
         # The futures of buffer.create/buffer.import calls whose caller stopped
         # waiting (an interruption, a Timeout): each one's buffer, once answered, is
         # owed a free.  Kept here, and looked at by _flush_frees_locked, so that the
@@ -2950,6 +2991,7 @@ class Client:
         if self._closed is None:
             self._closed = self._fork_error()
         del self._dead_shared[:]  # the same list: finalizers append to it
+        del self._lent_back[:]
         del self._orphans[:]
         del self._dead_claims[:]
         try:
@@ -3526,6 +3568,8 @@ class Client:
             raise self._fork_error()   # the fork stays held here
         if self._jobs or self._jobs_running:  # (_jobs_pending)
             self._after_jobs(method)
+        if self._lent_back:
+            self._temps_returned()
         fut = TaskFuture()
         fut._owner = self._wself
         fut._method = "task.run " + args["op"] if method == "task.run" and \
@@ -5028,6 +5072,40 @@ class Client:
                 drop.append(t)
         return drop
 
+    def _temp_lend(self, t: _Temp, held: _TempList, nbytes: int) -> Optional[np.ndarray]:
+        """Lends temporary ``t`` (busy, held by ``held``, its task answered but its
+        future not completed yet) to a result of ``nbytes`` bytes: a writable uint8
+        array of its first ``nbytes`` bytes whose base is a _Lease, ``t`` held by the
+        lease's _Lent until the last view is collected; None (the caller copies) once
+        _TEMP_LENT_MAX temporaries are lent to results alive, once closed,
+        or without a _Mapping (mmap.mmap, no ctypes).  The hand-over is one store
+        under _temp_lock (no call between the check and it): an interruption before
+        leaves ``t`` to ``held`` (idle once the future completes), one after drops the
+        lease, and ``t`` is idle again at the next _temp_reclaim_locked."""
+        mm = t.mm
+        if not isinstance(mm, _Mapping) or nbytes <= 0:
+            return None
+        lease = _Lease(mm, mm.address, nbytes)
+        ref = _Lent(lease, self._lent_back.append)
+        with self._temp_lock:
+            if self._closed is not None or t.held is not held or \
+                    sum(1 for x in self._temps
+                        if isinstance(x.held, _Lent) and x.held() is not None) \
+                    >= _TEMP_LENT_MAX:
+                return None
+            t.held = ref  # one store: no signal handler runs between it and the check
+        return np.asarray(lease)
+
+    def _temps_returned(self) -> None:
+        """Results lent temporaries were collected (_lent_back): the temporaries are
+        idle again, kept within the bounds (_temp_trim_locked) or freed, the free sent
+        with the request that called this."""
+        del self._lent_back[:]  # first: one collected after is noted again
+        with self._temp_lock:
+            gone = self._temp_reclaim_locked()
+            gone += self._temp_trim_locked(0)
+        self._temp_free(gone)
+
     def _temp_idle_locked(self, t: _Temp) -> None:
         t.busy = False
         t.held = None
@@ -5052,9 +5130,11 @@ class Client:
         """Once closed: the idle temporaries' mappings go at once (as dspk_close
         unmaps libdspkclient's), not with the Client object; the daemon freed their
         buffers with the connection.  A busy one goes when its task is settled
-        (_temp_put), a result's borrowed view keeping its pages until it goes."""
+        (_temp_put), a result's borrowed view keeping its pages until it goes.  One
+        lent to a result (_Lent) goes out of the list now: the result's _Lease holds
+        its mapping, unmapped once the last view of it is collected."""
         with self._temp_lock:
-            drop = [t for t in self._temps if not t.busy]
+            drop = [t for t in self._temps if not t.busy or isinstance(t.held, _Lent)]
             for t in drop:
                 self._temps.remove(t)
         for t in drop:
@@ -5106,6 +5186,9 @@ class Client:
         """Takes every idle temporary out of the cache and queues its buffer.free
         (_temp_free: sent with the next request, or by whoever flushes); whether there
         was any.  Waits for nothing."""
+        with self._temp_lock:
+            gone = self._temp_reclaim_locked()  # results collected: their lent ones
+        self._temp_free(gone)
         with self._temp_lock:
             drop = [t for t in self._temps if not t.busy]
             for t in drop:
@@ -5586,7 +5669,9 @@ class Client:
         if not isinstance(quota, int) or quota < 0 or target not in ("any", "cpu:0"):
             return
         with self._temp_lock:
+            gone = self._temp_reclaim_locked()  # results collected: their lent ones
             idle = sum(t.size for t in self._temps if not t.busy)
+        self._temp_free(gone)
         if not idle:
             return
         need = 0
@@ -5604,15 +5689,21 @@ class Client:
 
     def _temps_done(self, fut: concurrent.futures.Future, shm: _TempList) -> None:
         """The task of ``fut`` is answered: its temporaries are free for the next.  A
-        canceled one may still run on the daemon: its temporaries are dropped."""
+        canceled one may still run on the daemon: its temporaries are dropped.  Then
+        ``shm`` lets go of the futures (none of its temporaries is held by it now):
+        the future holds this callback, which holds ``shm``, and that cycle kept the
+        future, and the result lent a temporary (_temp_lend), alive until a garbage
+        collection, the temporary busy meanwhile."""
         if not fut.cancelled():
             self._temp_put(shm)
-            return
-        with self._temp_lock:
-            mine = [t for t in shm if t.held is shm and t in self._temps]
-            for t in mine:
-                self._temps.remove(t)
-        self._temp_free(mine)
+        else:
+            with self._temp_lock:
+                mine = [t for t in shm if t.held is shm and t in self._temps]
+                for t in mine:
+                    self._temps.remove(t)
+            self._temp_free(mine)
+        shm.fut = None
+        shm.owner = []
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
@@ -5651,18 +5742,22 @@ class Client:
                     raise _NoShared() from None
             if rt is not None:
                 # A large result on cpu:0: written by the daemon into a shared
-                # temporary, copied from there into the array returned (no socket, no
-                # unpacking).
+                # temporary (no socket, no unpacking), lent to the array returned (a
+                # view of it, _temp_lend) or, past _TEMP_LENT_MAX, copied from there.
                 args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 
                 def from_temp(res: Any) -> Any:
                     t = _task_outputs(res, count, expect)[0]
                     dt, shape = _tensor_meta(t, "result.outputs[0]")
-                    arr = np.empty(shape, dt)
-                    if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
+                    nbytes = math.prod(shape) * dt.itemsize
+                    if t.get("buffer") != rt.buffer or nbytes > rt.size:
                         raise _Malformed("result.outputs[0] (%s %s) is not in its "
                                          "temporary (buffer %d)"
                                          % (wire_name(dt), shape, rt.buffer))
+                    lent = self._temp_lend(rt, shm, nbytes)
+                    if lent is not None:
+                        return lent.view(dt).reshape(shape)
+                    arr = np.empty(shape, dt)
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr
 

@@ -275,8 +275,9 @@ def test_auto_shared_large_operands_and_result(client):
     # then gemm and fft: their tasks only
     assert first == 5 and len(sent) - first == 2, sent
     np.testing.assert_allclose(got, a @ b, rtol=2e-4, atol=2e-3)
-    assert got.flags.writeable and got.flags.owndata  # the caller's own array
-    got[:] = 0  # and writing it leaves the next result alone
+    # the caller's to write (a view of a temporary lent to it, no other task's) ...
+    assert got.flags.writeable and not got.flags.owndata
+    got[:] = 0  # ... and writing it leaves the next result alone
     np.testing.assert_allclose(client.gemm(a, b), a @ b, rtol=2e-4, atol=2e-3)
     # below the threshold, and with the path off: inline, as before
     small = rng.standard_normal((64, 64)).astype(np.float32)
@@ -1044,3 +1045,160 @@ def test_one_out_refusal_for_every_wrong_type(client, bad, how):
         "out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
         "C-contiguous slice of one) of this connection, got "), ei.value.message
     client.ping()
+
+
+# ---- large results lent their temporary (no copy) ----------------------------------
+
+def _lent_temp(c, arr):
+    """The shared temporary whose mapping holds ``arr``'s bytes, or None."""
+    addr = arr.__array_interface__["data"][0]
+    for t in c._temps:
+        base = t.view.__array_interface__["data"][0] if t.view is not None else None
+        if base is not None and base <= addr and addr + arr.nbytes <= base + t.size:
+            return t
+    return None
+
+
+def test_large_result_is_lent_its_temporary_not_copied(client):
+    """A large result on cpu:0 is a view of the shared temporary the daemon wrote it
+    into (no copy, as libdspkclient lends its temporaries): writable, not mistaken for
+    a shared array; the temporary is given to no other task while the result or a
+    view of it lives, and taken back once they are collected."""
+    from dspk._client import _Lent, _in_mapping
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal(1 << 18) + 1j * rng.standard_normal(1 << 18)).astype(np.complex64)
+    want = np.fft.fft(x)
+    got = client.fft(x)  # 2 MiB
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-2)
+    t = _lent_temp(client, got)
+    assert t is not None and isinstance(t.held, _Lent) and t.busy  # in its mapping
+    assert got.flags.writeable and got.flags.c_contiguous and not _in_mapping(got)
+    assert client._shared_ref(got) is None  # not an empty_shared array
+    view = got[1 << 17:]  # 1 MiB: an operand through a temporary too
+    del got
+    gc.collect()
+    kept = view.copy()
+    sent, orig = _spy_sends(client)
+    try:
+        others = [client.fft(x) for _ in range(2)]  # and operands through temporaries
+        again = client.fft(view)  # the lent view as an operand: copied as any array
+    finally:
+        client._send_chunks = orig
+    assert max(sent) < 4096, sent
+    assert np.array_equal(view, kept)  # its temporary was nobody else's
+    assert t.busy and isinstance(t.held, _Lent)
+    assert all(_lent_temp(client, o) not in (None, t) for o in others)
+    np.testing.assert_allclose(again, np.fft.fft(kept), rtol=1e-3, atol=1e-1)
+    # writing the result changes nothing of another
+    others[0][:] = 0
+    np.testing.assert_allclose(others[1], want, rtol=1e-3, atol=1e-2)
+    del view, others, again
+    gc.collect()
+    client.ping()  # the next request takes the collected results' temporaries back
+    assert not any(x.busy for x in client._temps)
+    assert not any(isinstance(x.held, _Lent) for x in client._temps)
+    got = client.fft(x)
+    assert _lent_temp(client, got) is not None  # the same temporaries, reused
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-2)
+
+
+def test_lent_results_are_bounded_then_copied(client):
+    """At most four temporaries are lent to results alive (SHM_LENT_MAX); the next
+    results are copied out (their own memory); a lent one given back is lent again."""
+    from dspk._client import _TEMP_LENT_MAX, _Lent
+    assert _TEMP_LENT_MAX == 4
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+    rs = [client.map("scale", x, alpha=float(i + 1), device="cpu:0") for i in range(6)]
+    for i, r in enumerate(rs):
+        np.testing.assert_array_equal(r, x * np.float32(i + 1))
+    assert [r.flags.owndata for r in rs] == [False] * 4 + [True] * 2
+    assert [_lent_temp(client, r) is not None for r in rs[:4]] == [True] * 4
+    assert sum(1 for t in client._temps if isinstance(t.held, _Lent)) == 4
+    del rs[0]
+    gc.collect()
+    r = client.map("scale", x, alpha=7.0, device="cpu:0")
+    assert not r.flags.owndata and _lent_temp(client, r) is not None
+    np.testing.assert_array_equal(r, x * np.float32(7))
+    for i, r in enumerate(rs[:3]):  # the kept ones are as they were
+        np.testing.assert_array_equal(r, x * np.float32(i + 2))
+
+
+def test_lent_result_of_a_future_and_out_are_as_documented(client):
+    """A submit() future's large result is lent likewise (kept while the future or the
+    array lives); a result into out= is the shared array passed, nothing lent."""
+    from dspk._client import _Lent
+    x = np.arange(1 << 19, dtype=np.float32)
+    client.map("scale", x, alpha=1.0, device="cpu:0")  # idle temporaries for submit()
+    gc.collect()
+    fut = client.submit("map", "scale", x, alpha=3.0, device="cpu:0")
+    r = fut.result(TIMEOUT)
+    np.testing.assert_array_equal(r, 3 * x)
+    t = _lent_temp(client, r)
+    assert t is not None and isinstance(t.held, _Lent)
+    del fut
+    client.map("scale", x, alpha=5.0, device="cpu:0")
+    np.testing.assert_array_equal(r, 3 * x)
+    s = client.empty_shared(x.shape, np.float32)
+    assert client.map("scale", x, alpha=2.0, out=s) is s
+    np.testing.assert_array_equal(s, 2 * x)
+    del r
+    gc.collect()
+    client.ping()
+    assert not any(isinstance(x.held, _Lent) for x in client._temps)
+
+
+def test_close_keeps_lent_results_and_unmaps_them_once_collected(daemon):
+    """close() with lent results alive: they stay readable and writable (their
+    mapping lives on with them, the daemon's buffers freed with the connection); the
+    mapping goes once the last of them is collected."""
+    x = np.arange(1 << 22, dtype=np.float32)  # 16 MiB
+    gc.collect()
+    before = _memfd_maps()
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    y = c.map("scale", x, alpha=2.0, device="cpu:0")
+    v = y[5:]
+    del y
+    assert _lent_temp(c, v) is not None
+    c.close()
+    assert not c._temps
+    assert _memfd_maps() == before + 1  # the lent one's, and only it
+    np.testing.assert_array_equal(v, 2 * x[5:])
+    v[:] = 1
+    assert v.sum() == v.size
+    del v
+    gc.collect()
+    assert _memfd_maps() == before
+
+
+def test_lent_results_from_many_threads_stay_their_own(client):
+    """Threads running ops at once, each keeping some of its large results: no result
+    is overwritten by another task, and never more than four temporaries are lent."""
+    import threading
+    from dspk._client import _Lent
+    x = np.arange(1 << 19, dtype=np.float32)
+    errors, most = [], [0]
+
+    def run(k):
+        try:
+            kept = []
+            for i in range(12):
+                a = float(k * 100 + i)
+                kept.append((a, client.map("scale", x, alpha=a, device="cpu:0")))
+                if i % 3:
+                    kept.pop(0)
+                with client._temp_lock:
+                    n = sum(1 for t in client._temps
+                            if isinstance(t.held, _Lent) and t.held() is not None)
+                most[0] = max(most[0], n)
+            for a, r in kept:
+                np.testing.assert_array_equal(r, x * np.float32(a))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not errors, errors
+    assert 1 <= most[0] <= 4, most
