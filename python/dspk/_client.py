@@ -344,27 +344,14 @@ def _untraced(fn: _F) -> _F:
     return cast(_F, method)
 
 
-def _errors_as_dspk(fn: _F) -> _F:
+def _as_dspk_errors(fn: _F, untraced: bool) -> _F:
     """fn, with an OSError or MemoryError of the client's own (not a signal handler's)
-    leaving it as the dspk.Error of _as_error, never as it is."""
+    leaving it as the dspk.Error of _as_error, never as it is; and when ``untraced``,
+    run with the thread's trace function off (_untraced), in the same wrapper (a call
+    less on every call of the client's)."""
     @functools.wraps(fn)  # name, doc, and __wrapped__: inspect.signature sees fn's
     def method(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (OSError, MemoryError) as e:
-            err = _as_error(e)
-            if err is e:
-                raise
-            raise err from None
-    return cast(_F, method)
-
-
-def _public(fn: _F) -> _F:
-    """A public method: untraced (_untraced), its own errors as dspk.Errors
-    (_errors_as_dspk), in one wrapper (a call less on every call of the client's)."""
-    @functools.wraps(fn)
-    def method(*args: Any, **kwargs: Any) -> Any:
-        tracer = sys.gettrace()
+        tracer = sys.gettrace() if untraced else None
         if tracer is not None:
             sys.settrace(None)
         try:
@@ -378,6 +365,16 @@ def _public(fn: _F) -> _F:
             if tracer is not None:
                 sys.settrace(tracer)
     return cast(_F, method)
+
+
+def _errors_as_dspk(fn: _F) -> _F:
+    """fn, its own errors as dspk.Errors (_as_dspk_errors), traced as it is."""
+    return _as_dspk_errors(fn, False)
+
+
+def _public(fn: _F) -> _F:
+    """A public method: untraced (_untraced), its own errors as dspk.Errors."""
+    return _as_dspk_errors(fn, True)
 
 
 class _Defer(Exception):
