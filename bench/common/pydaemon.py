@@ -1,7 +1,8 @@
 """What the Python benchmarks share: a dspkd on the cpu backend for one run.
 
-Imported by bench/datapath/bench_fresh.py, bench/datapath/bench_numpy.py
-and bench/python/bench_python.py (each puts bench/common on sys.path).
+Imported by bench/datapath/bench_fresh.py, bench/datapath/bench_numpy.py,
+bench/python/bench_python.py and bench/python/bench_shared.py (each puts
+bench/common on sys.path).
 """
 import glob
 import os

@@ -11,9 +11,7 @@ call, and on a 2-core machine they would take a core from whichever side runs ne
 """
 import argparse
 import os
-import select
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dspk  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from pydaemon import wait_fftw  # noqa: E402
+from pydaemon import start_daemon, wait_fftw  # noqa: E402
 
 
 def main() -> int:
@@ -35,18 +33,10 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=0.5)
     a = ap.parse_args()
     d = tempfile.mkdtemp(prefix="dspk-bsh-")
-    sock = os.path.join(d, "d.sock")
-    r, w = os.pipe()
     # A cache, as a user's daemon has: FFTW_MEASURE plans (the fft is timed on the
     # measured one, not on the provisional plan run while it is measured)
-    p = subprocess.Popen([a.dspkd, "--foreground", "--socket", sock, "--cache",
-                          os.path.join(d, "cache.db"), "--backends", "cpu",
-                          "--ready-fd", str(w)], pass_fds=[w],
-                         stderr=subprocess.DEVNULL)
-    os.close(w)
+    p, sock = start_daemon(a.dspkd, d, cache=True)
     try:
-        select.select([r], [], [], 60)
-        assert os.read(r, 16) == b"READY\n"
         return run(a, sock, p.pid)
     finally:  # the daemon holds this process's stdout: never leave it behind
         p.terminate()
