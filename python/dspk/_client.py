@@ -660,17 +660,22 @@ class _Temp:
 
 
 class _Lease:
-    """What a lent result's arrays are views of (``numpy.asarray(lease)``): the bytes
-    ``[0, nbytes)`` of a shared temporary's mapping, which it holds (``mm``), so that the
-    mapping outlives every view, also past the client's close() or the temporary's
-    free.  Its collection, once no view is left, is what gives the temporary back
-    (_Lent): nothing runs then."""
+    """What a lent result is a view of: ``numpy.asarray(lease)`` is the result itself
+    (``dtype`` and ``shape`` at the start of a shared temporary's mapping), whose
+    ``base`` is the lease, as python.md says.  It holds the mapping (``mm``), so that
+    the mapping outlives every view, also past the client's close() or the
+    temporary's free.  Its collection, once no view is left, is what gives the
+    temporary back (_Lent): nothing runs then."""
     __slots__ = ("mm", "__array_interface__", "__weakref__")
 
-    def __init__(self, mm: Any, address: int, nbytes: int) -> None:
+    def __init__(self, mm: Any, address: int, dtype: np.dtype,
+                 shape: Tuple[int, ...]) -> None:
         self.mm = mm
-        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                    "data": (address, False), "version": 3}
+        # descr carries a structured dtype (dspk.bfloat16) whole; typestr alone would
+        # be its bare "|V2".
+        self.__array_interface__ = {"shape": tuple(shape), "typestr": dtype.str,
+                                    "descr": dtype.descr, "data": (address, False),
+                                    "version": 3}
 
 
 class _Lent(weakref.ref):
@@ -5069,10 +5074,11 @@ class Client:
                 drop.append(t)
         return drop
 
-    def _temp_lend(self, t: _Temp, held: _TempList, nbytes: int) -> Optional[np.ndarray]:
+    def _temp_lend(self, t: _Temp, held: _TempList, dt: np.dtype,
+                   shape: Tuple[int, ...]) -> Optional[np.ndarray]:
         """Lends temporary ``t`` (busy, held by ``held``, its task answered but its
-        future not completed yet) to a result of ``nbytes`` bytes: a writable uint8
-        array of its first ``nbytes`` bytes whose base is a _Lease, ``t`` held by the
+        future not completed yet) to a result of ``dt`` and ``shape``: a writable
+        C-contiguous array of its first bytes whose base is a _Lease, ``t`` held by the
         lease's _Lent until the last view is collected; None (the caller copies) once
         _TEMP_LENT_MAX temporaries are lent to results alive, once closed,
         or without a _Mapping (mmap.mmap, no ctypes).  The hand-over is one store
@@ -5080,9 +5086,9 @@ class Client:
         leaves ``t`` to ``held`` (idle once the future completes), one after drops the
         lease, and ``t`` is idle again at the next _temp_reclaim_locked."""
         mm = t.mm
-        if not isinstance(mm, _Mapping) or nbytes <= 0:
+        if not isinstance(mm, _Mapping) or math.prod(shape) * dt.itemsize <= 0:
             return None
-        lease = _Lease(mm, mm.address, nbytes)
+        lease = _Lease(mm, mm.address, dt, shape)
         ref = _Lent(lease, self._lent_back.append)
         with self._temp_lock:
             if self._closed is not None or t.held is not held or \
@@ -5751,9 +5757,9 @@ class Client:
                         raise _Malformed("result.outputs[0] (%s %s) is not in its "
                                          "temporary (buffer %d)"
                                          % (wire_name(dt), shape, rt.buffer))
-                    lent = self._temp_lend(rt, shm, nbytes)
+                    lent = self._temp_lend(rt, shm, dt, shape)
                     if lent is not None:
-                        return lent.view(dt).reshape(shape)
+                        return lent
                     arr = np.empty(shape, dt)
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr

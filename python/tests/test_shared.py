@@ -1202,3 +1202,33 @@ def test_lent_results_from_many_threads_stay_their_own(client):
         t.join(TIMEOUT)
     assert not errors, errors
     assert 1 <= most[0] <= 4, most
+
+
+def test_lent_result_base_is_the_clients_lease(client):
+    """python.md "Lent results": a lent result's ``base`` is the client's lease object
+    (which holds the mapping), for result dtypes of each kind (f32, c64, f64, c128: no
+    op makes f16 or bf16); a view of it has the result as its base, as numpy makes
+    views (probe 21 C1)."""
+    from dspk._client import _Lease, _Lent
+    rng = np.random.default_rng(17)
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+    z = (rng.standard_normal(1 << 17) + 1j * rng.standard_normal(1 << 17)).astype(np.complex64)
+    d = rng.standard_normal((512, 2, 512))  # 4 MiB, reduced over axis 1: 2 MiB
+    w = z.astype(np.complex128)
+    rs = [client.map("scale", x, alpha=2.0, device="cpu:0"),
+          client.fft(z, device="cpu:0"),
+          client.reduce(d, "sum", 1, device="cpu:0"),
+          client.map("scale", w, alpha=2.0, device="cpu:0")]
+    for r, dt in zip(rs, [np.float32, np.complex64, np.float64, np.complex128]):
+        t = _lent_temp(client, r)
+        assert t is not None and isinstance(t.held, _Lent)
+        assert r.dtype == np.dtype(dt) and r.flags.c_contiguous and r.flags.writeable
+        assert not r.flags.owndata
+        assert type(r.base) is _Lease and r.base is t.held()
+        v = r[3:]
+        assert v.base is r and v.base.base is t.held()
+    np.testing.assert_array_equal(rs[0], 2 * x)
+    np.testing.assert_allclose(rs[1], np.fft.fft(z), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(rs[2], d.sum(axis=1), rtol=1e-12)
+    np.testing.assert_array_equal(rs[3], 2 * w)
+
