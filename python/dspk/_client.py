@@ -242,12 +242,28 @@ class _Mapping:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
 
 
+def _memory_owner(a: Any) -> Any:
+    """What ``a``'s memory is a view of, through arrays and memoryviews
+    (``np.asarray(memoryview(x))`` included): the first object that is neither."""
+    base: Any = a
+    while True:
+        if isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        elif isinstance(base, memoryview):
+            base = base.obj
+        else:
+            return base
+
+
 def _in_mapping(a: np.ndarray) -> bool:
     """Whether ``a`` is a view of a _Mapping (a shared array of some Client's)."""
-    base: Any = a
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return isinstance(base, _Mapping)
+    return isinstance(_memory_owner(a), _Mapping)
+
+
+def _is_lent(a: Any) -> bool:
+    """Whether ``a`` is a view of a _Lease (a lent result of some Client's, or a view
+    of one)."""
+    return isinstance(_memory_owner(a), _Lease)
 
 
 def _new_memfd() -> io.FileIO:
@@ -1702,10 +1718,16 @@ def _task_outputs(res: Any, count: int, expect: Optional[_Expect] = None
 
 def _out_refusal(out: Any) -> str:
     """The one message for an ``out=`` of a type that takes no result (a list, a numpy
-    scalar, a plain numpy array in the process's own memory...): it names every type
-    that does."""
-    got = "a numpy array not in shared memory" if isinstance(out, np.ndarray) else \
-        _kind(out)
+    scalar, a plain numpy array in the process's own memory, a lent result...): it
+    names every type that does.  A lent result is memory shared with the daemon, but
+    the client's temporary lent to the caller, not an empty_shared() array: said so."""
+    if _is_lent(out):
+        got = ("a lent result (a view of a shared temporary the client lent to an op's "
+               "result, not an empty_shared() array)")
+    elif isinstance(out, np.ndarray):
+        got = "a numpy array not in shared memory"
+    else:
+        got = _kind(out)
     return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
             "C-contiguous slice of one) of this connection, got %s" % got)
 
@@ -5363,6 +5385,9 @@ class Client:
                     "a C-contiguous slice of one)" % ("numpy.ma.MaskedArray" if isinstance(
                         out, np.ma.MaskedArray) else "numpy.matrix"))
             if isinstance(out, np.ndarray):
+                if _is_lent(out):
+                    # The real reason first: no view of a lent result takes one.
+                    raise _errors.InvalidArgument(_out_refusal(out))
                 # The daemon writes the result in one piece, into memory the caller
                 # may write: a strided view or a read-only one would be overwritten
                 # wrongly (numpy refuses both as out= of its ufuncs too).

@@ -1232,3 +1232,52 @@ def test_lent_result_base_is_the_clients_lease(client):
     np.testing.assert_allclose(rs[2], d.sum(axis=1), rtol=1e-12)
     np.testing.assert_array_equal(rs[3], 2 * w)
 
+
+def _lent_refusal():
+    return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
+            "C-contiguous slice of one) of this connection, got a lent result (a view of "
+            "a shared temporary the client lent to an op's result, not an empty_shared() "
+            "array)")
+
+
+@pytest.mark.parametrize("how", ["call", "submit"])
+def test_out_refuses_a_lent_result_saying_so(daemon, client, how):
+    """A lent result as out= is refused (python.md: it is not an empty_shared() array)
+    with the real reason, not "a numpy array not in shared memory" (it is shared
+    memory): so is every view of it (a slice, strided, reversed, read-only, through a
+    memoryview), another client's, and one of a closed client; nothing is sent and
+    the result stays as it was.  A plain numpy array is still "not in shared memory"
+    (probe 21 C2)."""
+    x = np.arange(1 << 19, dtype=np.float32)
+    r = client.map("scale", x, alpha=2.0, device="cpu:0")
+    assert _lent_temp(client, r) is not None
+    ro = r[:8]
+    ro.flags.writeable = False
+    other = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    theirs = other.map("scale", x, alpha=2.0, device="cpu:0")
+    closed = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    gone = closed.map("scale", x, alpha=2.0, device="cpu:0")
+    closed.close()
+    views = [r, r[8:16], r[::2], r[::-1], r.reshape(512, 1024).T, ro,
+             np.asarray(memoryview(r)), theirs, gone]
+
+    def call(**kw):
+        if how == "call":
+            return client.map("scale", np.ones(bad.shape, np.float32), alpha=3.0, **kw)
+        return client.submit("map", "scale", np.ones(bad.shape, np.float32), alpha=3.0,
+                             **kw)
+
+    for bad in views:
+        with pytest.raises(dspk.InvalidArgument) as ei:
+            call(out=bad)
+        assert ei.value.message == _lent_refusal(), ei.value.message
+    np.testing.assert_array_equal(r, 2 * x)
+    np.testing.assert_array_equal(theirs, 2 * x)
+    bad = np.zeros(4, np.float32)
+    with pytest.raises(dspk.InvalidArgument) as ei:
+        call(out=bad)
+    assert ei.value.message.endswith("got a numpy array not in shared memory"), \
+        ei.value.message
+    other.close()
+    client.ping()
+
