@@ -720,14 +720,19 @@ class _TempList(list):  # of _Temp
     handler runs before it); ``owner``, the futures of the requests _run made (those
     ``sent`` went out).  _temp_reclaim_locked gives a busy temporary back when its
     holder says its use has ended, even when the call that owed the put
-    (_temps_done, or _run's own handler) was cut by an interruption."""
-    __slots__ = ("fut", "ended", "owner")
+    (_temps_done, or _run's own handler) was cut by an interruption.  ``leases``:
+    the _Lease of each lent result the task reads in place (Client._lent_ref), held
+    until the task is answered, so that no temporary the task reads goes back to the
+    idle ones (to be written by another task) while it runs, even when the caller
+    drops the result as its call is interrupted."""
+    __slots__ = ("fut", "ended", "owner", "leases")
 
     def __init__(self, owner: List["TaskFuture"]) -> None:
         super().__init__()
         self.fut: Optional[concurrent.futures.Future] = None
         self.ended = False
         self.owner = owner
+        self.leases: List[_Lease] = []
 
     def done_with(self) -> Optional[int]:
         """1: its temporaries are idle again (the task is answered, or none went out
@@ -5270,6 +5275,29 @@ class Client:
                 return buf, addr - base, dev
         return None
 
+    def _lent_ref(self, a: np.ndarray) -> Optional[Tuple[_Temp, _Lease, int]]:
+        """(temporary, its lease, offset) when ``a`` is a C-contiguous view, at a
+        multiple of its item size, inside a result this connection lent a temporary
+        to and that is alive (its lease), else None.  ``a`` keeps its memory mapped
+        and so does a lent temporary still listed: an address inside one is in it."""
+        if not self._temps or not a.flags.c_contiguous or not _is_lent(a):
+            return None
+        addr = a.__array_interface__["data"][0]
+        with self._temp_lock:
+            for t in self._temps:
+                held, mm = t.held, t.mm
+                if not isinstance(held, _Lent) or not isinstance(mm, _Mapping):
+                    continue
+                lease = held()
+                if lease is None or not (mm.address <= addr and
+                                         addr + a.nbytes <= mm.address + t.size):
+                    continue
+                off = addr - mm.address
+                if off % max(a.dtype.itemsize, 1):
+                    return None  # protocol.md: a reference at a multiple of it only
+                return t, lease, off
+        return None
+
     def _piece(self, nbytes: int, framing: int, method: str) -> int:
         """Bytes of data in one ``method`` piece of a transfer of ``nbytes``: what the
         daemon's max_message leaves beside the framing.  None at all (a max_message of
@@ -5493,6 +5521,23 @@ class Client:
                     continue
                 inline.append((a, t))
         try:
+            # A lent result of this connection (or a C-contiguous view of it) as an
+            # operand of a synchronous op that goes to its temporary's device anyway
+            # (cpu:0): a reference to that temporary, which the daemon reads in
+            # place, as a shared array (no copy; it pins nothing the task was not
+            # pinned to).  Not in submit(), whose caller may write its operands
+            # once it returns, nor for kernel, whose inputs come back.
+            if inline and not is_async and op != "kernel" and self.shared_threshold:
+                lent = [(a, t, r) for a, t in inline for r in (self._lent_ref(a),)
+                        if r is not None]
+                ldev = self._shared_device(target, op) if lent else None
+                for a, t, (tmp, lease, off) in lent:
+                    if tmp.device == ldev:
+                        shm.leases.append(lease)  # before the reference: see _TempList
+                        t["buffer"], t["offset"] = tmp.buffer, off
+                        if target == "any":
+                            target = ldev
+                inline = [(a, t) for a, t in inline if "buffer" not in t]
             # Large operands on cpu:0: copied once into shared temporaries that the
             # daemon reads in place, instead of crossing the socket (and being copied
             # again on the daemon's side).  Not for kernel, whose inputs come back.
@@ -5652,7 +5697,7 @@ class Client:
         except BaseException:
             shm.ended = True  # before any call: see _TempList
             sent = [f for f in owner if f._sent]
-            if sent and shm:
+            if sent and (shm or shm.leases):
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.
                 shm.fut = sent[-1]
@@ -5660,7 +5705,7 @@ class Client:
             else:
                 self._temp_put(shm)
             raise
-        if shm:
+        if shm or shm.leases:
             shm.fut = fut  # one store: no signal handler runs before or after it
             fut._add_inline(lambda f: self._temps_done(f, shm))
         if not is_async and shared:
@@ -5727,11 +5772,16 @@ class Client:
         else:
             with self._temp_lock:
                 mine = [t for t in shm if t.held is shm and t in self._temps]
+                # The lent results it reads likewise: their temporaries are given up
+                # (never reused; the results keep their pages, as after close()).
+                mine += [t for t in self._temps if isinstance(t.held, _Lent) and
+                         any(t.held() is lease for lease in shm.leases)]
                 for t in mine:
                     self._temps.remove(t)
             self._temp_free(mine)
         shm.fut = None
         shm.owner = []
+        shm.leases = []
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
