@@ -1081,7 +1081,7 @@ def test_large_result_is_lent_its_temporary_not_copied(client):
     sent, orig = _spy_sends(client)
     try:
         others = [client.fft(x) for _ in range(2)]  # and operands through temporaries
-        again = client.fft(view)  # the lent view as an operand: copied as any array
+        again = client.fft(view)  # the lent view as an operand: read in place
     finally:
         client._send_chunks = orig
     assert max(sent) < 4096, sent
