@@ -242,12 +242,28 @@ class _Mapping:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
 
 
+def _memory_owner(a: Any) -> Any:
+    """What ``a``'s memory is a view of, through arrays and memoryviews
+    (``np.asarray(memoryview(x))`` included): the first object that is neither."""
+    base: Any = a
+    while True:
+        if isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        elif isinstance(base, memoryview):
+            base = base.obj
+        else:
+            return base
+
+
 def _in_mapping(a: np.ndarray) -> bool:
     """Whether ``a`` is a view of a _Mapping (a shared array of some Client's)."""
-    base: Any = a
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return isinstance(base, _Mapping)
+    return isinstance(_memory_owner(a), _Mapping)
+
+
+def _is_lent(a: Any) -> bool:
+    """Whether ``a`` is a view of a _Lease (a lent result of some Client's, or a view
+    of one)."""
+    return isinstance(_memory_owner(a), _Lease)
 
 
 def _new_memfd() -> io.FileIO:
@@ -660,17 +676,22 @@ class _Temp:
 
 
 class _Lease:
-    """What a lent result's arrays are views of (``numpy.asarray(lease)``): the bytes
-    ``[0, nbytes)`` of a shared temporary's mapping, which it holds (``mm``), so that the
-    mapping outlives every view, also past the client's close() or the temporary's
-    free.  Its collection, once no view is left, is what gives the temporary back
-    (_Lent): nothing runs then."""
+    """What a lent result is a view of: ``numpy.asarray(lease)`` is the result itself
+    (``dtype`` and ``shape`` at the start of a shared temporary's mapping), whose
+    ``base`` is the lease, as python.md says.  It holds the mapping (``mm``), so that
+    the mapping outlives every view, also past the client's close() or the
+    temporary's free.  Its collection, once no view is left, is what gives the
+    temporary back (_Lent): nothing runs then."""
     __slots__ = ("mm", "__array_interface__", "__weakref__")
 
-    def __init__(self, mm: Any, address: int, nbytes: int) -> None:
+    def __init__(self, mm: Any, address: int, dtype: np.dtype,
+                 shape: Tuple[int, ...]) -> None:
         self.mm = mm
-        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                    "data": (address, False), "version": 3}
+        # descr carries a structured dtype (dspk.bfloat16) whole; typestr alone would
+        # be its bare "|V2".
+        self.__array_interface__ = {"shape": tuple(shape), "typestr": dtype.str,
+                                    "descr": dtype.descr, "data": (address, False),
+                                    "version": 3}
 
 
 class _Lent(weakref.ref):
@@ -699,14 +720,19 @@ class _TempList(list):  # of _Temp
     handler runs before it); ``owner``, the futures of the requests _run made (those
     ``sent`` went out).  _temp_reclaim_locked gives a busy temporary back when its
     holder says its use has ended, even when the call that owed the put
-    (_temps_done, or _run's own handler) was cut by an interruption."""
-    __slots__ = ("fut", "ended", "owner")
+    (_temps_done, or _run's own handler) was cut by an interruption.  ``leases``:
+    the _Lease of each lent result the task reads in place (Client._lent_ref), held
+    until the task is answered, so that no temporary the task reads goes back to the
+    idle ones (to be written by another task) while it runs, even when the caller
+    drops the result as its call is interrupted."""
+    __slots__ = ("fut", "ended", "owner", "leases")
 
     def __init__(self, owner: List["TaskFuture"]) -> None:
         super().__init__()
         self.fut: Optional[concurrent.futures.Future] = None
         self.ended = False
         self.owner = owner
+        self.leases: List[_Lease] = []
 
     def done_with(self) -> Optional[int]:
         """1: its temporaries are idle again (the task is answered, or none went out
@@ -1697,10 +1723,16 @@ def _task_outputs(res: Any, count: int, expect: Optional[_Expect] = None
 
 def _out_refusal(out: Any) -> str:
     """The one message for an ``out=`` of a type that takes no result (a list, a numpy
-    scalar, a plain numpy array in the process's own memory...): it names every type
-    that does."""
-    got = "a numpy array not in shared memory" if isinstance(out, np.ndarray) else \
-        _kind(out)
+    scalar, a plain numpy array in the process's own memory, a lent result...): it
+    names every type that does.  A lent result is memory shared with the daemon, but
+    the client's temporary lent to the caller, not an empty_shared() array: said so."""
+    if _is_lent(out):
+        got = ("a lent result (a view of a shared temporary the client lent to an op's "
+               "result, not an empty_shared() array)")
+    elif isinstance(out, np.ndarray):
+        got = "a numpy array not in shared memory"
+    else:
+        got = _kind(out)
     return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
             "C-contiguous slice of one) of this connection, got %s" % got)
 
@@ -5069,10 +5101,11 @@ class Client:
                 drop.append(t)
         return drop
 
-    def _temp_lend(self, t: _Temp, held: _TempList, nbytes: int) -> Optional[np.ndarray]:
+    def _temp_lend(self, t: _Temp, held: _TempList, dt: np.dtype,
+                   shape: Tuple[int, ...]) -> Optional[np.ndarray]:
         """Lends temporary ``t`` (busy, held by ``held``, its task answered but its
-        future not completed yet) to a result of ``nbytes`` bytes: a writable uint8
-        array of its first ``nbytes`` bytes whose base is a _Lease, ``t`` held by the
+        future not completed yet) to a result of ``dt`` and ``shape``: a writable
+        C-contiguous array of its first bytes whose base is a _Lease, ``t`` held by the
         lease's _Lent until the last view is collected; None (the caller copies) once
         _TEMP_LENT_MAX temporaries are lent to results alive, once closed,
         or without a _Mapping (mmap.mmap, no ctypes).  The hand-over is one store
@@ -5080,9 +5113,9 @@ class Client:
         leaves ``t`` to ``held`` (idle once the future completes), one after drops the
         lease, and ``t`` is idle again at the next _temp_reclaim_locked."""
         mm = t.mm
-        if not isinstance(mm, _Mapping) or nbytes <= 0:
+        if not isinstance(mm, _Mapping) or math.prod(shape) * dt.itemsize <= 0:
             return None
-        lease = _Lease(mm, mm.address, nbytes)
+        lease = _Lease(mm, mm.address, dt, shape)
         ref = _Lent(lease, self._lent_back.append)
         with self._temp_lock:
             if self._closed is not None or t.held is not held or \
@@ -5242,6 +5275,29 @@ class Client:
                 return buf, addr - base, dev
         return None
 
+    def _lent_ref(self, a: np.ndarray) -> Optional[Tuple[_Temp, _Lease, int]]:
+        """(temporary, its lease, offset) when ``a`` is a C-contiguous view, at a
+        multiple of its item size, inside a result this connection lent a temporary
+        to and that is alive (its lease), else None.  ``a`` keeps its memory mapped
+        and so does a lent temporary still listed: an address inside one is in it."""
+        if not self._temps or not a.flags.c_contiguous or not _is_lent(a):
+            return None
+        addr = a.__array_interface__["data"][0]
+        with self._temp_lock:
+            for t in self._temps:
+                held, mm = t.held, t.mm
+                if not isinstance(held, _Lent) or not isinstance(mm, _Mapping):
+                    continue
+                lease = held()
+                if lease is None or not (mm.address <= addr and
+                                         addr + a.nbytes <= mm.address + t.size):
+                    continue
+                off = addr - mm.address
+                if off % max(a.dtype.itemsize, 1):
+                    return None  # protocol.md: a reference at a multiple of it only
+                return t, lease, off
+        return None
+
     def _piece(self, nbytes: int, framing: int, method: str) -> int:
         """Bytes of data in one ``method`` piece of a transfer of ``nbytes``: what the
         daemon's max_message leaves beside the framing.  None at all (a max_message of
@@ -5357,6 +5413,9 @@ class Client:
                     "a C-contiguous slice of one)" % ("numpy.ma.MaskedArray" if isinstance(
                         out, np.ma.MaskedArray) else "numpy.matrix"))
             if isinstance(out, np.ndarray):
+                if _is_lent(out):
+                    # The real reason first: no view of a lent result takes one.
+                    raise _errors.InvalidArgument(_out_refusal(out))
                 # The daemon writes the result in one piece, into memory the caller
                 # may write: a strided view or a read-only one would be overwritten
                 # wrongly (numpy refuses both as out= of its ufuncs too).
@@ -5462,6 +5521,23 @@ class Client:
                     continue
                 inline.append((a, t))
         try:
+            # A lent result of this connection (or a C-contiguous view of it) as an
+            # operand of a synchronous op that goes to its temporary's device anyway
+            # (cpu:0): a reference to that temporary, which the daemon reads in
+            # place, as a shared array (no copy; it pins nothing the task was not
+            # pinned to).  Not in submit(), whose caller may write its operands
+            # once it returns, nor for kernel, whose inputs come back.
+            if inline and not is_async and op != "kernel" and self.shared_threshold:
+                lent = [(a, t, r) for a, t in inline for r in (self._lent_ref(a),)
+                        if r is not None]
+                ldev = self._shared_device(target, op) if lent else None
+                for a, t, (tmp, lease, off) in lent:
+                    if tmp.device == ldev:
+                        shm.leases.append(lease)  # before the reference: see _TempList
+                        t["buffer"], t["offset"] = tmp.buffer, off
+                        if target == "any":
+                            target = ldev
+                inline = [(a, t) for a, t in inline if "buffer" not in t]
             # Large operands on cpu:0: copied once into shared temporaries that the
             # daemon reads in place, instead of crossing the socket (and being copied
             # again on the daemon's side).  Not for kernel, whose inputs come back.
@@ -5621,7 +5697,7 @@ class Client:
         except BaseException:
             shm.ended = True  # before any call: see _TempList
             sent = [f for f in owner if f._sent]
-            if sent and shm:
+            if sent and (shm or shm.leases):
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.
                 shm.fut = sent[-1]
@@ -5629,7 +5705,7 @@ class Client:
             else:
                 self._temp_put(shm)
             raise
-        if shm:
+        if shm or shm.leases:
             shm.fut = fut  # one store: no signal handler runs before or after it
             fut._add_inline(lambda f: self._temps_done(f, shm))
         if not is_async and shared:
@@ -5696,11 +5772,16 @@ class Client:
         else:
             with self._temp_lock:
                 mine = [t for t in shm if t.held is shm and t in self._temps]
+                # The lent results it reads likewise: their temporaries are given up
+                # (never reused; the results keep their pages, as after close()).
+                mine += [t for t in self._temps if isinstance(t.held, _Lent) and
+                         any(t.held() is lease for lease in shm.leases)]
                 for t in mine:
                     self._temps.remove(t)
             self._temp_free(mine)
         shm.fut = None
         shm.owner = []
+        shm.leases = []
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
@@ -5751,9 +5832,9 @@ class Client:
                         raise _Malformed("result.outputs[0] (%s %s) is not in its "
                                          "temporary (buffer %d)"
                                          % (wire_name(dt), shape, rt.buffer))
-                    lent = self._temp_lend(rt, shm, nbytes)
+                    lent = self._temp_lend(rt, shm, dt, shape)
                     if lent is not None:
-                        return lent.view(dt).reshape(shape)
+                        return lent
                     arr = np.empty(shape, dt)
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr

@@ -1081,7 +1081,7 @@ def test_large_result_is_lent_its_temporary_not_copied(client):
     sent, orig = _spy_sends(client)
     try:
         others = [client.fft(x) for _ in range(2)]  # and operands through temporaries
-        again = client.fft(view)  # the lent view as an operand: copied as any array
+        again = client.fft(view)  # the lent view as an operand: read in place
     finally:
         client._send_chunks = orig
     assert max(sent) < 4096, sent
@@ -1202,3 +1202,189 @@ def test_lent_results_from_many_threads_stay_their_own(client):
         t.join(TIMEOUT)
     assert not errors, errors
     assert 1 <= most[0] <= 4, most
+
+
+def test_lent_result_base_is_the_clients_lease(client):
+    """python.md "Lent results": a lent result's ``base`` is the client's lease object
+    (which holds the mapping), for result dtypes of each kind (f32, c64, f64, c128: no
+    op makes f16 or bf16); a view of it has the result as its base, as numpy makes
+    views (probe 21 C1)."""
+    from dspk._client import _Lease, _Lent
+    rng = np.random.default_rng(17)
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+    z = (rng.standard_normal(1 << 17) + 1j * rng.standard_normal(1 << 17)).astype(np.complex64)
+    d = rng.standard_normal((512, 2, 512))  # 4 MiB, reduced over axis 1: 2 MiB
+    w = z.astype(np.complex128)
+    rs = [client.map("scale", x, alpha=2.0, device="cpu:0"),
+          client.fft(z, device="cpu:0"),
+          client.reduce(d, "sum", 1, device="cpu:0"),
+          client.map("scale", w, alpha=2.0, device="cpu:0")]
+    for r, dt in zip(rs, [np.float32, np.complex64, np.float64, np.complex128]):
+        t = _lent_temp(client, r)
+        assert t is not None and isinstance(t.held, _Lent)
+        assert r.dtype == np.dtype(dt) and r.flags.c_contiguous and r.flags.writeable
+        assert not r.flags.owndata
+        assert type(r.base) is _Lease and r.base is t.held()
+        v = r[3:]
+        assert v.base is r and v.base.base is t.held()
+    np.testing.assert_array_equal(rs[0], 2 * x)
+    np.testing.assert_allclose(rs[1], np.fft.fft(z), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(rs[2], d.sum(axis=1), rtol=1e-12)
+    np.testing.assert_array_equal(rs[3], 2 * w)
+
+
+def _lent_refusal():
+    return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
+            "C-contiguous slice of one) of this connection, got a lent result (a view of "
+            "a shared temporary the client lent to an op's result, not an empty_shared() "
+            "array)")
+
+
+@pytest.mark.parametrize("how", ["call", "submit"])
+def test_out_refuses_a_lent_result_saying_so(daemon, client, how):
+    """A lent result as out= is refused (python.md: it is not an empty_shared() array)
+    with the real reason, not "a numpy array not in shared memory" (it is shared
+    memory): so is every view of it (a slice, strided, reversed, read-only, through a
+    memoryview), another client's, and one of a closed client; nothing is sent and
+    the result stays as it was.  A plain numpy array is still "not in shared memory"
+    (probe 21 C2)."""
+    x = np.arange(1 << 19, dtype=np.float32)
+    r = client.map("scale", x, alpha=2.0, device="cpu:0")
+    assert _lent_temp(client, r) is not None
+    ro = r[:8]
+    ro.flags.writeable = False
+    other = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    theirs = other.map("scale", x, alpha=2.0, device="cpu:0")
+    closed = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    gone = closed.map("scale", x, alpha=2.0, device="cpu:0")
+    closed.close()
+    views = [r, r[8:16], r[::2], r[::-1], r.reshape(512, 1024).T, ro,
+             np.asarray(memoryview(r)), theirs, gone]
+
+    def call(**kw):
+        if how == "call":
+            return client.map("scale", np.ones(bad.shape, np.float32), alpha=3.0, **kw)
+        return client.submit("map", "scale", np.ones(bad.shape, np.float32), alpha=3.0,
+                             **kw)
+
+    for bad in views:
+        with pytest.raises(dspk.InvalidArgument) as ei:
+            call(out=bad)
+        assert ei.value.message == _lent_refusal(), ei.value.message
+    np.testing.assert_array_equal(r, 2 * x)
+    np.testing.assert_array_equal(theirs, 2 * x)
+    bad = np.zeros(4, np.float32)
+    with pytest.raises(dspk.InvalidArgument) as ei:
+        call(out=bad)
+    assert ei.value.message.endswith("got a numpy array not in shared memory"), \
+        ei.value.message
+    other.close()
+    client.ping()
+
+
+def _spy_tasks(client):
+    """The inputs of every task.run the client starts (a list it appends to)."""
+    seen = []
+    orig = client._start
+
+    def spy(method, args, *rest, **kw):
+        if method == "task.run":
+            seen.append([dict(t) for t in args["inputs"]])
+        return orig(method, args, *rest, **kw)
+
+    client._start = spy
+    return seen
+
+
+def test_lent_result_as_an_operand_is_read_in_place(daemon, client, monkeypatch):
+    """python.md "Lent results": a lent result, or a C-contiguous view of it at a
+    multiple of its item size, passed to a synchronous op on cpu:0 is sent as a
+    reference to its temporary, whatever its size: nothing copied (no _copy_wide, no
+    other temporary taken), small requests; the temporary stays lent.  submit(),
+    another client's op and a view off its item size copy it as before."""
+    import dspk._client as dc
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+    r = client.map("scale", x, alpha=2.0, device="cpu:0")
+    t = _lent_temp(client, r)
+    assert t is not None and isinstance(t.held, dc._Lent)
+    copies = []
+    real = dc._copy_wide
+
+    def counting(dst, src, *rest):
+        copies.append(src.nbytes)
+        return real(dst, src, *rest)
+
+    monkeypatch.setattr(dc, "_copy_wide", counting)
+    seen = _spy_tasks(client)
+    sent, orig = _spy_sends(client)
+    n_temps = len(client._temps)
+    try:
+        total = client.reduce(r, device="cpu:0")          # the whole result, 2 MiB
+        half = client.reduce(r[1 << 18:], device="cpu:0")  # a 1 MiB view, 1 MiB in
+        small = client.reduce(r[4:20])                     # 64 bytes, "any" is cpu:0
+        g = client.gemm(r[:1 << 16].reshape(256, 256), r[1 << 16:(1 << 16) + 256 * 64]
+                        .reshape(256, 64), device="cpu:0")
+    finally:
+        client._send_chunks = orig
+    assert copies == [], copies
+    assert max(sent) < 4096, sent
+    assert len(client._temps) == n_temps
+    assert [[(i.get("buffer"), i.get("offset")) for i in ins] for ins in seen] == [
+        [(t.buffer, 0)], [(t.buffer, 1 << 20)], [(t.buffer, 16)],
+        [(t.buffer, 0), (t.buffer, 1 << 18)]], seen
+    assert total == pytest.approx(float((2 * x).sum(dtype=np.float64)), rel=1e-5)
+    assert half == pytest.approx(float((2 * x[1 << 18:]).sum(dtype=np.float64)), rel=1e-5)
+    assert small == pytest.approx(float((2 * x[4:20]).sum()), rel=1e-6)
+    a = (2 * x[:1 << 16]).reshape(256, 256).astype(np.float64)
+    b = (2 * x[1 << 16:(1 << 16) + 256 * 64]).reshape(256, 64).astype(np.float64)
+    np.testing.assert_allclose(g, a @ b, rtol=1e-5)
+    assert t.busy and isinstance(t.held, dc._Lent) and t.held() is r.base
+    np.testing.assert_array_equal(r, 2 * x)  # read, never written
+    # Off its item size (4 bytes into float64 items): a copy, sent in the request.
+    seen.clear()
+    odd = r[1:2049].view(np.float64)
+    client.map("abs", odd, device="cpu:0")
+    assert "buffer" not in seen[0][0] and "data" in seen[0][0], seen
+    # submit(): a copy (its caller may write the operand once submit() returns).
+    seen.clear()
+    fut = client.submit("reduce", r, device="cpu:0")
+    r[:] = 0
+    assert fut.result(TIMEOUT) == pytest.approx(float((2 * x).sum(dtype=np.float64)),
+                                                rel=1e-5)
+    assert seen and all(i.get("buffer") != t.buffer for ins in seen for i in ins), seen
+    # Another client's op: ordinary memory there, copied.
+    r[:] = 5
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as other:
+        assert other.reduce(r, device="cpu:0") == pytest.approx(5.0 * r.size)
+    client.ping()
+
+
+def test_a_task_reading_a_lent_result_keeps_it_lent_until_answered(client):
+    """The task holds the lent temporary it reads until it is answered: a result
+    dropped meanwhile (a call cut by an interruption, here a task sent and not
+    waited for) does not give its temporary back to the idle ones, where another task
+    could write it while this one reads; it goes back once the task is answered."""
+    import weakref
+    from dspk._client import _Lent
+    x = np.arange(1 << 19, dtype=np.float32)
+    r = client.map("scale", x, alpha=3.0, device="cpu:0")
+    t = _lent_temp(client, r)
+    assert t is not None and isinstance(t.held, _Lent)
+    v = r[1 << 18:]
+    seen = _spy_tasks(client)
+    del r
+    fut = client._op_reduce(v, device="cpu:0", shared=False)  # sent, not waited for
+    assert seen == [[{"dtype": "f32", "shape": [1 << 18], "buffer": t.buffer,
+                      "offset": 1 << 20}]], seen
+    assert not fut.done()  # nothing reads the connection until result() does
+    gone = weakref.ref(v)
+    del v
+    gc.collect()
+    assert gone() is None  # the caller's arrays are all collected ...
+    assert t.busy and t.held() is not None  # ... and the task still holds it lent
+    assert fut.result(TIMEOUT) == pytest.approx(
+        float((3 * x[1 << 18:]).sum(dtype=np.float64)), rel=1e-5)
+    gc.collect()
+    assert t.held() is None
+    client.ping()  # the next request takes it back
+    assert not t.busy
