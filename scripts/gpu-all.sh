@@ -56,7 +56,7 @@ step gpu_smoke 120 python3 tests/daemon/gpu_smoke.py --dspkd "$B/daemon/dspkd"
 step gpu_jobs 120 python3 tests/cluster/gpu_jobs.py --dspkd "$B/daemon/dspkd"
 # The protocol cases that hold "on every backend", with cuda:0 among them.
 step conformance 180 env DSPK_TEST_BACKENDS=cpu,vulkan,cuda python3 tests/proto/conformance.py \
-  --dspkd "$B/daemon/dspkd" gemm_blas degenerate nan_extremes half_close cancel_done fft_nonfinite fft_large_rows \
+  --dspkd "$B/daemon/dspkd" gemm_blas degenerate nan_extremes half_close cancel_done fft_nonfinite fft_normal_accuracy fft_large_rows \
   fir_rows fir_blocks contract_one_operand_labels contract_nonfinite_sums contract_subnormal_sums \
   contract_one_product sums_and_infinities vulkan_max_tensor gemm_running_overflow fir_subnormal
 step shm_gpu 180 python3 tests/daemon/shm_gpu.py --dspkd "$B/daemon/dspkd"
