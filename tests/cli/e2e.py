@@ -1789,6 +1789,13 @@ def typed_text_escaped(cli, tmp, a34):
          'no device "cpu:0' + zs + '"'),
         (["map", "abs", a34, "-d", "cpu:0\u202e0"], "map", "ENODEV",
          'no device "cpu:0\\u202e0"'),
+        # Control characters escaped by the daemon, so that no other name
+        # (cpu:0 itself, which exists) reads the same (probe 21 D-1).
+        (["map", "abs", a34, "-d", "cpu:0\n"], "map", "ENODEV", 'no device "cpu:0\\n" ('),
+        (["map", "abs", a34, "-d", "\ncpu:0"], "map", "ENODEV", 'no device "\\ncpu:0" ('),
+        (["map", "abs", a34, "-d", "cpu:0\t"], "map", "ENODEV", 'no device "cpu:0\\t" ('),
+        (["map", "abs", a34, "-d", "cpu\n:0\x1b[2J"], "map", "ENODEV",
+         'no device "cpu\\n:0\\x1b[2J" ('),
     ]
     for args, cmd, ename, want in cases:
         sock = args[0] != "--socket"
