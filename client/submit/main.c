@@ -1317,6 +1317,14 @@ int dspk__sub_check_std(const dspk__sub_ctx *ctx, bool writes_stdout, char *cons
   return 0;
 }
 
+int dspk__sub_json_written(const dspk__sub_ctx *ctx, FILE *f) {
+  if (f != stderr || (fflush(f) == 0 && !ferror(f)))
+    return DSPK__SUB_EXIT_OK;
+  int e = errno;
+  clearerr(f);
+  return dspk__sub_fail(ctx, DSPK_EIO, "<stderr>: %s", strerror(e ? e : EIO));
+}
+
 /* Whatever stdout still holds in its buffer is written now: a write that
  * fails there (a full disk) fails the command.  One that fails because
  * standard output was closed at the start (a command that printed without

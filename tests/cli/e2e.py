@@ -2120,6 +2120,23 @@ def suite_shell(cli, tmp, dspkd):
     check(rc == 0 and json.loads(err)["outputs"][0]["file"] == "-",
           "--json goes to stderr with -o -: %r" % err)
     close_to(npy_from(y), [sum(a.reshape(-1).tolist())], "reduce stdin")
+    # The --json result asked for is output like any other: a failed write
+    # of it on stderr (a full device, stderr closed) is exit 1, as on
+    # stdout (probe 21 D-4: exit 0, the result lost).  The array on stdout
+    # is whole; the text summary on stderr is not checked.
+
+    def stderr_full():
+        fd = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+    for how, pre in (("2>/dev/full", stderr_full), ("2>&-", lambda: os.close(2))):
+        rc, y, err = cli.run("reduce", "sum", "-", "-o", "-", "--json",
+                             data=npy_bytes(a), raw=True, preexec_fn=pre)
+        check(rc == 1, "--json -o - %s: exit %d" % (how, rc))
+        close_to(npy_from(y), [sum(a.reshape(-1).tolist())], "reduce -o - " + how)
+        rc, y, err = cli.run("reduce", "sum", "-", "-o", "-", data=npy_bytes(a), raw=True,
+                             preexec_fn=pre)
+        check(rc == 0, "-o - %s without --json: exit %d" % (how, rc))
     cli.fails(["gemm", "-", "-"], "gemm", "EINVAL", rc_want=2, detail="once")
     cli.fails(["gemm", "-", fb], "gemm", "EINVAL", detail="<stdin>")  # empty
 
