@@ -3106,8 +3106,16 @@ def command_line_messages(cli, tmp):
     # The word after help is judged first: -S is an option given to help
     # (it said that x was an extra argument, round 13, then that -S was an
     # unknown command, probe 14 D4: command_line_round6 has the others).
-    cli.fails(["help", "nosuch", "x"], None, "EINVAL", rc_want=2, sock=False,
-              detail="unknown command 'nosuch'")
+    # COMMAND is help's operand: an unknown one says "help: " as help's
+    # other errors do (probe 21 D-5: the prefix was dropped).
+    cli.fails(["help", "nosuch", "x"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="unknown command 'nosuch' (see 'dspk-submit --help')")
+    cli.fails(["help", "nosuch"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="unknown command 'nosuch' (see 'dspk-submit --help')")
+    # help is a command (help [COMMAND], help help): --help lists it, and
+    # the completion, which reads that list, offers it.
+    check(re.search(r"^  help +\S", top.split("Commands:")[1], re.M),
+          "help in --help's commands: %r" % top)
     cli.fails(["help", "-S", "x"], "help", "EINVAL", rc_want=2, sock=False,
               detail="option '-S' does not apply to help")
     cli.fails(["help", "--nosuch"], "help", "EINVAL", rc_want=2, sock=False,
