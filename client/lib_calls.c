@@ -853,17 +853,17 @@ static int check_task(dspk_client *c, const dspk_task *t) {
      * the daemon would name that character, one the caller never wrote:
      * named here as the daemon names it when it gets the byte
      * (protocol.md, "Errors": "byte 0xff"; dspk__utf8_char_name), in the
-     * daemon's message.  No such byte is a label; a string past the
-     * daemon's length is left to its "longer than" message. */
+     * daemon's message, the subscripts echoed as the daemon echoes them
+     * (dspk__utf8_echo: the byte as \xff).  No such byte is a label; a
+     * string past the daemon's length is left to its "longer than"
+     * message. */
     const char *ss = t->contract.subscripts;
     size_t sn = strlen(ss), i = 0, k;
     if (sn < DSPK__SUBSCRIPTS_MAX && !dspk__utf8_valid(ss, sn)) {
-      char fixed[3 * DSPK__SUBSCRIPTS_MAX], se[DSPK__ECHO_CAP(3 * DSPK__SUBSCRIPTS_MAX)], cn[32];
-      size_t fn = dspk__utf8_sanitized_len(ss, sn);
+      char se[DSPK__ECHO_CAP(DSPK__SUBSCRIPTS_MAX)], cn[32];
       while ((k = dspk__utf8_seq(ss + i, sn - i)) != 0)
         i += k;
-      dspk__utf8_sanitize(fixed, ss, sn);
-      dspk__utf8_echo(se, sizeof se, fixed, fn, fn);
+      dspk__utf8_echo(se, sizeof se, ss, sn, sn);
       return dspk__cerr(c, DSPK_EINVAL, "contract: \"%s\": %s is not a letter (labels are "
                         "a-z, A-Z)", se, dspk__utf8_char_name(cn, sizeof cn, ss + i, sn - i));
     }
@@ -872,9 +872,16 @@ static int check_task(dspk_client *c, const dspk_task *t) {
   if (t->op == DSPK_OP_KERNEL && !t->kernel.lang)
     return dspk__cerr(c, DSPK_EINVAL, "kernel.lang is NULL (one of cuda, glsl, spirv, hip)");
   if (t->op == DSPK_OP_KERNEL &&
-      dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0)
-    return dspk__cerr(c, DSPK_EINVAL, "kernel.lang: unknown language \"%.32s\" (one of cuda, "
-                      "glsl, spirv, hip)", t->kernel.lang);
+      dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0) {
+    /* Echoed as the daemon echoes an unknown value (protocol.md "Errors":
+     * its first 32 bytes, a newline as \n, an ESC as \x1b, U+200B as
+     * \u200b): one line, no terminal sequence, and the six characters
+     * \u200b told apart from U+200B (probe 21 D-2: it was copied raw). */
+    char le[DSPK__ECHO_CAP(32)];
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.lang: unknown language \"%s\" (one of cuda, "
+                      "glsl, spirv, hip)",
+                      dspk__utf8_echo(le, sizeof le, t->kernel.lang, strlen(t->kernel.lang), 32));
+  }
   if (t->op == DSPK_OP_KERNEL && t->kernel.source_len && !t->kernel.source)
     return dspk__cerr(c, DSPK_EINVAL, "kernel.source is NULL and kernel.source_len is %zu",
                       t->kernel.source_len);

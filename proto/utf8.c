@@ -78,80 +78,25 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max) {
   return p + (u[p] >= 0xF0 ? 4 : u[p] >= 0xE0 ? 3 : 2) > max ? p : max;
 }
 
+/* dspk__utf8_visible's rule over s[0..n), into dst[0..cap) (cap > 0):
+ * stops before an escape or a character that would not fit.  Writes the
+ * NUL; returns the input bytes written (n when all of them were). */
+static size_t visible_into(char *dst, size_t cap, const char *s, size_t n);
+
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max) {
-  size_t w = 0, blanks = 0, k, whole = n;
-  bool text = false, brk = false, cut = false, base = false;
+  size_t keep, done;
 
   /* Room for the mark of a cut ("..."), kept from the start. */
   if (cap < 4) {
     dst[0] = '\0';
     return dst;
   }
-  cap -= 3;
-  n = dspk__utf8_cut(s, n, max);
-  for (size_t i = 0; i < n; i += k) {
-    unsigned char c = (unsigned char)s[i];
-    char esc[12];
-    const char *piece = esc;
-    size_t plen;
-    uint32_t cp;
-    k = 1;
-    if (c == '\n' || c == '\r') { /* the blanks before it end a line: dropped */
-      brk = true;
-      blanks = 0;
-      continue;
-    }
-    if (c != '\0' && ((k = dspk__utf8_ctl(s + i, n - i)) != 0 || c == ' ')) {
-      k = k ? k : 1;
-      blanks++;
-      continue;
-    }
-    /* Text: a new line's leading blanks dropped, joined after text; then
-     * the character (a NUL as \0, a backslash as \\, one that prints as
-     * nothing as \uNNNN, an ill-formed byte as it is: packing makes it
-     * U+FFFD), all of it or, past cap, nothing more. */
-    size_t sep = brk ? (text ? 2 : 0) : blanks;
-    if (sep)
-      base = false;
-    if (c == '\0' || c == '\\') {
-      k = 1;
-      plen = 2;
-      memcpy(esc, c ? "\\\\" : "\\0", 2);
-    } else if ((k = dspk__utf8_hidden(s + i, n - i, base, &cp)) != 0) {
-      plen = dspk__utf8_hidden_esc(esc, cp);
-    } else {
-      k = dspk__utf8_seq(s + i, n - i);
-      k = k ? k : 1;
-      piece = s + i;
-      plen = k;
-    }
-    if (w + sep + plen >= cap) {
-      cut = true;
-      break;
-    }
-    if (brk)
-      memcpy(dst + w, "; ", sep);
-    else
-      memset(dst + w, ' ', sep);
-    w += sep;
-    memcpy(dst + w, piece, plen);
-    w += plen;
-    base = piece != esc && dspk__utf8_base(s + i, k);
-    brk = false;
-    blanks = 0;
-    text = true;
-  }
-  if (!brk && !cut && n == whole && w + blanks < cap) { /* the string's own trailing blanks */
-    memset(dst + w, ' ', blanks);
-    w += blanks;
-  }
+  keep = dspk__utf8_cut(s, n, max);
+  done = visible_into(dst, cap - 3, s, keep);
   /* A cut is marked, so that the echo is never taken for the whole
    * string (probe 16 A#3: "float32_little_endian" read "float32_little_e"). */
-  if (cut || n < whole) {
-    memcpy(dst + w, "...", 3);
-    w += 3;
-  }
-  dst[w] = '\0';
+  if (done < n)
+    strcat(dst, "...");
   return dst;
 }
 
@@ -412,13 +357,12 @@ size_t dspk__utf8_hidden_esc(char *dst, uint32_t cp) {
   return (size_t)snprintf(dst, 11, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", (unsigned)cp);
 }
 
-const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n) {
+static size_t visible_into(char *dst, size_t cap, const char *s, size_t n) {
   const unsigned char *u = (const unsigned char *)s;
   size_t o = 0;
   bool base = false; /* what was written last may carry a combining mark */
-  if (cap == 0)
-    return dst;
-  for (size_t i = 0, k; i < n; i += k) {
+  size_t i = 0;
+  for (size_t k; i < n; i += k) {
     char esc[16];
     const char *piece = esc;
     size_t plen;
@@ -449,5 +393,11 @@ const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n) {
     base = piece != esc && dspk__utf8_base(s + i, k);
   }
   dst[o] = '\0';
+  return i;
+}
+
+const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n) {
+  if (cap > 0)
+    visible_into(dst, cap, s, n);
   return dst;
 }

@@ -28,24 +28,21 @@ bool dspk__utf8_valid(const char *s, size_t n);
 size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
 
 /* A client's string made printable for a message (every place a message
- * echoes one uses this, so that it reads as the client wrote it, never
- * breaks the message's one line and hides nothing): its first max bytes
- * (cut at a character boundary, dspk__utf8_cut, and then followed by
- * "..."), as docs/protocol.md
- * "Errors" says: its lines (a line ends at LF or CR) joined with "; " and
- * blank lines dropped, a leading or trailing line break too (the blanks
- * next to a line break go with it), each NUL byte written as the two
- * characters \0 (printf would stop at it), each backslash as \\, every
- * other control character (dspk__utf8_ctl) as one space, and every
- * character that prints as nothing (dspk__utf8_hidden) as \uNNNN
- * (\UNNNNNNNN above U+FFFF); into dst (cap > 0; cut to fit, never inside
- * a character or an escape, then "..." too, NUL-terminated; cap < 4 gives
- * "").  An ill-formed byte is copied as it is (packing makes it U+FFFD).
- * Output at most DSPK__ECHO_CAP(max) - 1 bytes (a two-byte character
- * written as \uNNNN is the most growth, and "..." may follow).  Returns
- * dst. */
+ * echoes one uses this, so that it never breaks the message's one line,
+ * hides nothing, and two different strings never read the same: probe 21
+ * D-1, "cpu:0\n" was echoed as "cpu:0"): its first max bytes (cut at a
+ * character boundary, dspk__utf8_cut, and then followed by "..."), each
+ * character written by dspk__utf8_visible's rule, as docs/protocol.md
+ * "Errors" says: a backslash as \\, tab, LF and CR as \t, \n, \r, the
+ * other C0 controls (NUL among them) and DEL as \xNN, each byte that
+ * starts no well-formed UTF-8 character as \xNN, the C1 controls and
+ * every character that prints as nothing (dspk__utf8_hidden) as \uNNNN
+ * (\UNNNNNNNN above U+FFFF); into dst (cap > 0; cut to fit, never inside a
+ * character or an escape, then "..." too, NUL-terminated; cap < 4 gives
+ * "").  Output at most DSPK__ECHO_CAP(max) - 1 bytes (a byte written as
+ * \xNN is the most growth, and "..." may follow).  Returns dst. */
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max);
-#define DSPK__ECHO_CAP(max) (3 * (size_t)(max) + 4)
+#define DSPK__ECHO_CAP(max) (4 * (size_t)(max) + 4)
 
 /* The length (2 to 4) of the character that starts s[0..n) when no text
  * the daemon or dspk-submit writes may hold it as it is, because it prints

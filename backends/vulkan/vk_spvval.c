@@ -66,11 +66,15 @@ int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
   if (vr == SPV_ERROR_OUT_OF_MEMORY) {
     r = DSPK_ENOMEM;
   } else if (vr != SPV_SUCCESS) {
-    char echo[DSPK__ECHO_CAP(ECHO_MAX)];
+    /* The validator's text, not a client's string: its first ECHO_MAX
+     * bytes (cut at a character, then "..."), made one line as a compiler's
+     * log is when the answer is packed (dspk__one_line: lines joined with
+     * "; "). */
     const char *text = diag && diag->error ? diag->error : "";
-    dspk__utf8_echo(echo, sizeof echo, text, strlen(text), ECHO_MAX);
-    r = dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: invalid SPIR-V module (spirv-val, %s): %s",
-                   envname, echo[0] ? echo : "refused");
+    size_t n = strlen(text), k = dspk__utf8_cut(text, n, ECHO_MAX);
+    r = dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: invalid SPIR-V module (spirv-val, %s): "
+                   "%.*s%s", envname, (int)(n ? k : 7), n ? text : "refused",
+                   k < n ? "..." : "");
   }
   spvDiagnosticDestroy(diag);
   spvValidatorOptionsDestroy(opt);

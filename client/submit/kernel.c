@@ -651,7 +651,11 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       if (ofs[i].to_stdout)
         f = stderr;
     if (json) {
+      clearerr(f);
+      errno = 0;
       dspk__sub_json_result(f, &res, saved);
+      if ((status = dspk__sub_json_written(ctx, f)) != DSPK__SUB_EXIT_OK)
+        goto out_res;
     } else {
       for (unsigned i = 0; i < res.nout; i++) {
         if (nouts > 0 && saved[i] == NULL)

@@ -302,6 +302,10 @@ static void print_prog_help(FILE *f) {
   fputs(prog_help, f);
   for (c = dspk__sub_cmds; c->name != NULL; c++)
     fprintf(f, "  %-10s %s\n", c->name, c->summary);
+  /* help is a command (SYNOPSIS: help [COMMAND]) but not one of the
+   * table's: listed too, so that the completion, which reads this list,
+   * offers it (probe 21 D-5). */
+  fprintf(f, "  %-10s %s\n", "help", "this list, or a command's usage (help [COMMAND])");
   fputs("\nExit status: 0 on success, 1 when the operation failed, 2 for a "
         "bad command line.\n",
         f);
@@ -1317,6 +1321,14 @@ int dspk__sub_check_std(const dspk__sub_ctx *ctx, bool writes_stdout, char *cons
   return 0;
 }
 
+int dspk__sub_json_written(const dspk__sub_ctx *ctx, FILE *f) {
+  if (f != stderr || (fflush(f) == 0 && !ferror(f)))
+    return DSPK__SUB_EXIT_OK;
+  int e = errno;
+  clearerr(f);
+  return dspk__sub_fail(ctx, DSPK_EIO, "<stderr>: %s", strerror(e ? e : EIO));
+}
+
 /* Whatever stdout still holds in its buffer is written now: a write that
  * fails there (a full disk) fails the command.  One that fails because
  * standard output was closed at the start (a command that printed without
@@ -1411,9 +1423,12 @@ static int help_command(dspk__sub_ctx *ctx, int n, char **args) {
         return dspk__sub_usage(ctx, "takes one COMMAND at most, got extra argument '%s'",
                                dspk__sub_arg(args[i]));
       name = args[i];
+      /* COMMAND here is help's operand: the line says "help: " as help's
+       * other errors do (probe 21 D-5), and points at the list. */
       if (strcmp(name, "help") != 0 && find_cmd(name) == NULL) {
-        ctx->cmd = NULL;
-        return dspk__sub_usage(ctx, "unknown command '%s'", dspk__sub_arg(name));
+        dspk__sub_fail(ctx, DSPK_EINVAL, "unknown command '%s' (see '" PROG " --help')",
+                       dspk__sub_arg(name));
+        return DSPK__SUB_EXIT_USAGE;
       }
       continue;
     }

@@ -1046,6 +1046,13 @@ const char *dspk__npy_shown(const char *s) {
 
 size_t dspk__npz_path_len(const char *spec) {
   const char *npz = NULL;
+  size_t len = strlen(spec);
+  struct stat st;
+  /* A path that ends in ".npz" and is there is the archive alone, whatever
+   * ".npz:" it holds (probe 21 D-6: "d.npz:x/in.npz" was read as member
+   * "x/in.npz" of d.npz, and the archive could not be named alone). */
+  if (len >= 4 && strcmp(spec + len - 4, ".npz") == 0 && stat(spec, &st) == 0)
+    return 0;
   for (const char *p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
     npz = p;
   return npz != NULL ? (size_t)(npz - spec) + 4 : 0;

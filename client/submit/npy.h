@@ -136,7 +136,9 @@ int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
 
 /* The length of the archive's path in an input "FILE.npz:NAME" (the last
  * ".npz:" splits: "a.npz:b.npz:c" is member c of a.npz:b.npz), or 0 when
- * spec names no member of an archive. */
+ * spec names no member of an archive: it holds no ".npz:", or it ends in
+ * ".npz" and a file of that whole name is there (the archive alone,
+ * "a.npz:b.npz"). */
 size_t dspk__npz_path_len(const char *spec);
 
 /* A file name or an .npz member as this module's messages name it: as

@@ -729,10 +729,15 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     const char *saved[DSPK_MAX_OUTPUTS] = {a->output};
     dspk_result first = res; /* a view: the commands return output 0 */
     first.nout = 1;
-    if (a->json)
+    if (a->json) {
+      clearerr(f);
+      errno = 0;
       dspk__sub_json_result(f, &first, saved);
-    else
+      if ((status = dspk__sub_json_written(ctx, f)) != DSPK__SUB_EXIT_OK)
+        goto out_res;
+    } else {
       dspk__sub_print_summary(f, &res, &res.out[0], a->output);
+    }
   }
   status = DSPK__SUB_EXIT_OK;
 out_res:

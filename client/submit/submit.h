@@ -157,6 +157,16 @@ int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *pre
  * trace).  Returns 0, or reports "<stdin>: descriptor 0 is not open"
  * (<stdout>, <stderr>: dspk__std_name) as DSPK_ENOENT and returns
  * DSPK__SUB_EXIT_FAIL (docs/cli.md, EXIT STATUS). */
+/* After a command's --json result was written to f: when f is standard
+ * error (the result went there because -o - took standard output), a
+ * write that failed there (a full device, a standard error closed at the
+ * start) fails the command as one to standard output does, EIO
+ * "<stderr>: ..." and DSPK__SUB_EXIT_FAIL (docs/cli.md, EXIT STATUS;
+ * probe 21 D-4: it was exit 0, the result lost in silence).  Standard
+ * output is checked once, at the end (main.c).  Returns
+ * DSPK__SUB_EXIT_OK otherwise. */
+int dspk__sub_json_written(const dspk__sub_ctx *ctx, FILE *f);
+
 int dspk__sub_check_std(const dspk__sub_ctx *ctx, bool writes_stdout, char *const *inputs,
                         int ninputs, const char *const *outputs, int noutputs);
 

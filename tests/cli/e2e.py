@@ -1789,6 +1789,13 @@ def typed_text_escaped(cli, tmp, a34):
          'no device "cpu:0' + zs + '"'),
         (["map", "abs", a34, "-d", "cpu:0\u202e0"], "map", "ENODEV",
          'no device "cpu:0\\u202e0"'),
+        # Control characters escaped by the daemon, so that no other name
+        # (cpu:0 itself, which exists) reads the same (probe 21 D-1).
+        (["map", "abs", a34, "-d", "cpu:0\n"], "map", "ENODEV", 'no device "cpu:0\\n" ('),
+        (["map", "abs", a34, "-d", "\ncpu:0"], "map", "ENODEV", 'no device "\\ncpu:0" ('),
+        (["map", "abs", a34, "-d", "cpu:0\t"], "map", "ENODEV", 'no device "cpu:0\\t" ('),
+        (["map", "abs", a34, "-d", "cpu\n:0\x1b[2J"], "map", "ENODEV",
+         'no device "cpu\\n:0\\x1b[2J" ('),
     ]
     for args, cmd, ename, want in cases:
         sock = args[0] != "--socket"
@@ -2113,6 +2120,23 @@ def suite_shell(cli, tmp, dspkd):
     check(rc == 0 and json.loads(err)["outputs"][0]["file"] == "-",
           "--json goes to stderr with -o -: %r" % err)
     close_to(npy_from(y), [sum(a.reshape(-1).tolist())], "reduce stdin")
+    # The --json result asked for is output like any other: a failed write
+    # of it on stderr (a full device, stderr closed) is exit 1, as on
+    # stdout (probe 21 D-4: exit 0, the result lost).  The array on stdout
+    # is whole; the text summary on stderr is not checked.
+
+    def stderr_full():
+        fd = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+    for how, pre in (("2>/dev/full", stderr_full), ("2>&-", lambda: os.close(2))):
+        rc, y, err = cli.run("reduce", "sum", "-", "-o", "-", "--json",
+                             data=npy_bytes(a), raw=True, preexec_fn=pre)
+        check(rc == 1, "--json -o - %s: exit %d" % (how, rc))
+        close_to(npy_from(y), [sum(a.reshape(-1).tolist())], "reduce -o - " + how)
+        rc, y, err = cli.run("reduce", "sum", "-", "-o", "-", data=npy_bytes(a), raw=True,
+                             preexec_fn=pre)
+        check(rc == 0, "-o - %s without --json: exit %d" % (how, rc))
     cli.fails(["gemm", "-", "-"], "gemm", "EINVAL", rc_want=2, detail="once")
     cli.fails(["gemm", "-", fb], "gemm", "EINVAL", detail="<stdin>")  # empty
 
@@ -3082,8 +3106,16 @@ def command_line_messages(cli, tmp):
     # The word after help is judged first: -S is an option given to help
     # (it said that x was an extra argument, round 13, then that -S was an
     # unknown command, probe 14 D4: command_line_round6 has the others).
-    cli.fails(["help", "nosuch", "x"], None, "EINVAL", rc_want=2, sock=False,
-              detail="unknown command 'nosuch'")
+    # COMMAND is help's operand: an unknown one says "help: " as help's
+    # other errors do (probe 21 D-5: the prefix was dropped).
+    cli.fails(["help", "nosuch", "x"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="unknown command 'nosuch' (see 'dspk-submit --help')")
+    cli.fails(["help", "nosuch"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="unknown command 'nosuch' (see 'dspk-submit --help')")
+    # help is a command (help [COMMAND], help help): --help lists it, and
+    # the completion, which reads that list, offers it.
+    check(re.search(r"^  help +\S", top.split("Commands:")[1], re.M),
+          "help in --help's commands: %r" % top)
     cli.fails(["help", "-S", "x"], "help", "EINVAL", rc_want=2, sock=False,
               detail="option '-S' does not apply to help")
     cli.fails(["help", "--nosuch"], "help", "EINVAL", rc_want=2, sock=False,

@@ -750,6 +750,20 @@ static void test_npz(void **state) {
   npz_ok("dup.npz", DSPK_F64, 2, sc);   /* one array (twice): the last */
   npz_ok("both.npz:y", DSPK_C64, 1, sb); /* "y" before "y.npy", as numpy */
   npz_ok("both.npz:y.npy", DSPK_F32, 2, sa);
+  /* An archive whose own path holds ".npz:": named alone, the file that
+   * is there (probe 21 D-6: it was read as member "x/in.npz" of d.npz,
+   * ENOENT d.npz), and with :NAME as before.  One that is not there still
+   * splits at the last ".npz:". */
+  char dir[400], from[400], to[420];
+  snprintf(dir, sizeof dir, "%s/d.npz:x", tmpdir);
+  snprintf(from, sizeof from, "%s/one.npz", tmpdir);
+  snprintf(to, sizeof to, "%s/in.npz", dir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_int_equal(link(from, to), 0);
+  npz_ok("d.npz:x/in.npz", DSPK_F64, 2, sc);
+  npz_ok("./d.npz:x/in.npz", DSPK_F64, 2, sc);
+  npz_ok("d.npz:x/in.npz:only", DSPK_F64, 2, sc);
+  npz_fail("d.npz:x/none.npz", DSPK_ENOENT, "/d.npz: ");
 }
 
 /* A .npy read from a pipe to its end, and written to a descriptor. */

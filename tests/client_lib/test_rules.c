@@ -551,6 +551,25 @@ static void test_kernel_fields(void **state) {
   assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
   assert_non_null(strstr(dspk_last_error(C), "kernel.lang"));
   assert_non_null(strstr(dspk_last_error(C), "opencl"));
+  /* Echoed by protocol.md's rule, as the daemon echoes a client's string:
+   * one line, no terminal sequence, U+200B told apart from the six
+   * characters \u200b (probe 21 D-2: copied raw). */
+  static const struct { const char *lang, *shown; } odd[] = {
+      {"cu\nda\x1b[31m", "\"cu\\nda\\x1b[31m\""},
+      {"\xe2\x80\x8b" "cuda", "\"\\u200bcuda\""},
+      {"\\u200bcuda", "\"\\\\u200bcuda\""},
+      {"cuda\t", "\"cuda\\t\""},
+      {"cuda ", "\"cuda \""},
+      {"\xff", "\"\\xff\""},
+  };
+  for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+    char want[128];
+    t.kernel.lang = odd[i].lang;
+    assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+    snprintf(want, sizeof want, "kernel.lang: unknown language %s (one of cuda, glsl, spirv, "
+             "hip)", odd[i].shown);
+    assert_string_equal(dspk_last_error(C), want);
+  }
   t.kernel.lang = "glsl";
   t.kernel.source = NULL;
   assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);

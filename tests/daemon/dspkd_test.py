@@ -1628,8 +1628,9 @@ def raw_request(msgid, method_bytes, args_packed=None):
 
 def t_utf8(exe, tmp):
     """Client strings echoed in error messages: cut at a character boundary,
-    and invalid UTF-8 replaced, so every answer is a valid msgpack str; what
-    prints as nothing escaped, in the answer and the log."""
+    and each byte that is not UTF-8 written as \\xNN, so every answer is a
+    valid msgpack str; control characters and what prints as nothing
+    escaped, in the answer and the log."""
     d = Daemon(exe, tmp)
     e_acute = "\u00e9".encode()
     # The method name is echoed cut at 64 bytes: a two-byte character
@@ -1658,8 +1659,8 @@ def t_utf8(exe, tmp):
     check(byid[3][2]["name"] == "EINVAL" and "k" * 31 + "...\"" in byid[3][2]["message"],
           "kind cut whole: %r" % (byid[3],))
     m4 = byid[4][2]["message"]
-    check("bad\ufffd\ufffd\ufffd" in m4, "invalid bytes replaced by U+FFFD: %r" % m4)
-    # A hello name that is not UTF-8 comes back sanitized in status.
+    check('"bad\\xff\\xfe\\xc3"' in m4, "invalid bytes written as \\xNN: %r" % m4)
+    # A hello name that is not UTF-8 comes back escaped in status.
     hello = b"\x82" + raw_str(b"version") + b"\x01" + raw_str(b"client") + raw_str(b"n\x80me")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(TIMEOUT)
@@ -1675,7 +1676,7 @@ def t_utf8(exe, tmp):
             got[m[1]] = m
     s.close()
     names = [c["name"] for c in got[2][3]["clients"]]
-    check("n\ufffdme" in names, "sanitized name in status: %r" % names)
+    check("n\\x80me" in names, "escaped name in status: %r" % names)
     # What prints as nothing in a client's strings (a right-to-left
     # override, zero-width characters, a byte order mark, a combining mark
     # with no base, a private-use character) is \uNNNN in its answer and in
@@ -1686,7 +1687,16 @@ def t_utf8(exe, tmp):
     msgs = []
     for dev, want in (("cpu:0\u202e0=diu", 'no device "cpu:0\\u202e0=diu"'),
                       ("x\u200b\u2066y\ufeff\\", 'no device "x\\u200b\\u2066y\\ufeff\\\\"'),
-                      ("\u0301\ue000", 'no device "\\u0301\\ue000"')):
+                      ("\u0301\ue000", 'no device "\\u0301\\ue000"'),
+                      # Control characters escaped, so that no other
+                      # string, an existing device's among them, reads the
+                      # same (probe 21 D-1: "cpu:0\n" read "cpu:0").
+                      ("cpu:0\n", 'no device "cpu:0\\n"'),
+                      ("\ncpu:0", 'no device "\\ncpu:0"'),
+                      ("cpu:0\r\n\r\n", 'no device "cpu:0\\r\\n\\r\\n"'),
+                      ("cpu:0\t", 'no device "cpu:0\\t"'),
+                      ("cpu\n:0", 'no device "cpu\\n:0"'),
+                      ("cpu:0\x1b[2J\x85\u2028", 'no device "cpu:0\\x1b[2J\\u0085\\u2028"')):
         e = c.expect_error("ENODEV", "task.run", {"op": "gemm", "device": dev,
                                                   "inputs": [tensor(x), tensor(x)]})
         msgs.append(e.err["message"])

@@ -78,6 +78,8 @@ cd "$tmp" || exit 1
 : >a.npy; : >b.npy; : >notes.txt
 complete_is "dspk-submit ge" gemm
 complete_is "dspk-submit " ping devices gemm fft reduce cache help
+[[ $(printf '%s\n' "${COMPREPLY[@]}" | sort | uniq -d) == "" ]] ||
+  { echo "FAIL: 'dspk-submit ' offered one twice: [${COMPREPLY[*]}]"; bad=1; }
 complete_is "dspk-submit gemm --tr" --trans-a --trans-b
 complete_is "dspk-submit gemm -" --alpha --device --output
 complete_is "dspk-submit reduce " sum max min mean
@@ -176,7 +178,7 @@ complete_is "dspk-submit --sock /x fft " a.npy b.npy
 complete_is "dspk-submit -S/x fft " a.npy b.npy
 # Subcommands, and no files where a command takes none.
 complete_is "dspk-submit job " register end
-complete_is "dspk-submit help " gemm trace
+complete_is "dspk-submit help " gemm trace help  # help help (probe 21 D-5)
 for line in "dspk-submit metrics " "dspk-submit top -n " "dspk-submit top " \
             "dspk-submit status " "dspk-submit job register " "dspk-submit cache clear " \
             "dspk-submit trace -s " "dspk-submit job register --uid "; do
@@ -190,7 +192,7 @@ done
 # metrics -- and devices -- offered options of other commands, or words of
 # the help's prose; probe 15 D7), and none is offered twice.
 mapfile -t cmds < <(dspk-submit --help | awk '/^Commands:/ {on = 1; next} on && /^  [a-z]/ {print $1}')
-for line in "" help "${cmds[@]}" "cache stats" "cache clear" "job register" "job end"; do
+for line in "" "${cmds[@]}" "cache stats" "cache clear" "job register" "job end"; do
   complete_is "dspk-submit $line -"
   ((${#COMPREPLY[@]} > 0)) || { echo "FAIL: 'dspk-submit $line -' offered nothing"; bad=1; }
   offered=("${COMPREPLY[@]}")

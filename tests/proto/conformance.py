@@ -594,8 +594,8 @@ def unknown_method(env):
     expect(c.call(""), "ENOMETHOD")
     c.send(arr(b"\x00", p(77), b"\xa4" + b"\xff\xfe\xc3x", p([])))
     e = expect(c.wait(77), "ENOMETHOD")
-    check("\ufffd" in e["message"] and "\xff" not in e["message"], "U+FFFD for bad bytes: %r"
-          % e["message"])
+    check('"\\xff\\xfe\\xc3x"' in e["message"] and "\xff" not in e["message"],
+          "\\xNN for bad bytes: %r" % e["message"])
     expect(c.call("x" * 5000), "ENOMETHOD")
     still_open(c)
 
@@ -608,22 +608,49 @@ def utf8_name(env):
     check(got[0] == "ok", "hello with a bad UTF-8 client: %r" % (got,))
     st = c.ok("status")
     me = [x for x in st["clients"] if x["self"]]
-    check(len(me) == 1 and me[0]["name"] == "ab\ufffd\ufffd", "status name %r" % (me,))
+    check(len(me) == 1 and me[0]["name"] == "ab\\xe2\\x82", "status name %r" % (me,))
 
 
-@case("Errors: control characters of echoed client strings become spaces")
+def echo_ref(s):
+    """protocol.md, Errors, as a reference for the characters it names: a
+    backslash \\\\, tab, LF, CR \\t \\n \\r, the other C0 controls and DEL
+    \\xNN, the C1 controls and U+2028, U+2029 \\uNNNN, the rest as it is."""
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch in "\t\n\r":
+            out.append({"\t": "\\t", "\n": "\\n", "\r": "\\r"}[ch])
+        elif o < 0x20 or o == 0x7F:
+            out.append("\\x%02x" % o)
+        elif 0x80 <= o <= 0x9F or o in (0x2028, 0x2029):
+            out.append("\\u%04x" % o)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@case("Errors: control characters of echoed client strings are escaped")
 def control_chars(env):
-    # protocol.md, Errors: C0, DEL, C1 (U+0080-U+009F) and U+2028/U+2029 become one
-    # space each, LF/CR end a line ("; "); checked on the answer's bytes.
+    # protocol.md, Errors: C0 (tab, LF, CR as \t \n \r, the others \xNN), DEL
+    # \x7f, C1 (U+0080-U+009F) and U+2028/U+2029 as \uNNNN; checked on the
+    # answer's bytes, and every echo differs from every other one (probe 21
+    # D-1: "cpu:0\n" was echoed "cpu:0", a device that exists).
     ctl = [chr(x) for x in list(range(1, 0x20)) + list(range(0x7F, 0xA0)) + [0x2028, 0x2029]]
     c = env.conn()
+    seen = {}
     for i, ch in enumerate(ctl):
         method = "no" + ch + "such"
-        want = "no; such" if ch in "\n\r" else "no such"
+        want = 'unknown method "%s"' % echo_ref(method)
         c.send(req(100 + i, method))
-        e = expect(c.wait(100 + i), "ENOMETHOD", want)
+        e = expect(c.wait(100 + i), "ENOMETHOD")
+        check(e["message"] == want, "%r echoed as %r, not %r" % (method, e["message"], want))
         check(not any(x in e["message"] for x in ctl) and len(e["message"].splitlines()) == 1,
               "control U+%04X kept in %r" % (ord(ch), e["message"]))
+        check(e["message"] not in seen, "%r and %r read the same: %r"
+              % (method, seen.get(e["message"]), e["message"]))
+        seen[e["message"]] = method
     # the same in an answer's raw bytes: nothing from C2 80-9F, E2 80 A8-A9, < 0x20, 7F
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(TIMEOUT)
@@ -640,57 +667,60 @@ def control_chars(env):
             break
     s.close()
     msg = msgs[0][2][b"message"]
-    check(b"a b c 31m" in msg, "ENODEV message %r" % msg)
+    check(b'"a\\u2028b\\u0085c\\u009b31m\\u2029"' in msg, "ENODEV message %r" % msg)
     check(not any(b in msg for b in (b"\xc2\x85", b"\xc2\x9b", b"\xe2\x80\xa8",
                                      b"\xe2\x80\xa9")) and
           all(b >= 0x20 and b != 0x7F for b in msg), "control bytes in %r" % msg)
     # the hello name status shows
     c.ok("hello", {"client": "x\x85y\u2028z\x1b[31m\x9b"})
     me = [x for x in c.ok("status")["clients"] if x["self"]]
-    check(me and me[0]["name"] == "x y z [31m ", "status name %r" % (me,))
+    check(me and me[0]["name"] == "x\\u0085y\\u2028z\\x1b[31m\\u009b",
+          "status name %r" % (me,))
     still_open(c)
 
 
-@case("Errors: an echoed client string's blank lines are dropped, first and last too")
+@case("Errors: an echoed client string's line breaks are escaped, not joined or dropped")
 def blank_lines(env):
-    # protocol.md, Errors: lines joined with "; ", blank lines dropped: a
-    # leading or trailing line break left a dangling "; " ("gemm; ").
+    # protocol.md, Errors: a client string is echoed whole, its line breaks as
+    # \n and \r ("gemm\n" was echoed "gemm", the name of an op that exists,
+    # and "cpu:9\n" as "cpu:9": probe 21 D-1).
     c = env.conn()
-    for sent, shown in (("abc\n", "abc"), ("\nabc", "abc"), ("a\r", "a"), ("\n\n", ""),
-                        ("a\n\nb", "a; b"), ("\r\n a \r\n", "a"), (" a\x85", " a ")):
+    for sent in ("abc\n", "\nabc", "a\r", "\n\n", "a\n\nb", "\r\n a \r\n", " a\x85",
+                 "a\\nb", " a "):
         e = expect(c.call(sent), "ENOMETHOD")
-        check(e["message"] == 'unknown method "%s"' % shown,
+        check(e["message"] == 'unknown method "%s"' % echo_ref(sent),
               "method %r echoed as %r" % (sent, e["message"]))
     one = {"dtype": "f32", "shape": [1, 1], "data": struct.pack("<f", 1)}
     e = expect(c.call("task.run", {"op": "gemm\n", "inputs": [one]}), "EINVAL")
-    check(e["message"].startswith('op: unknown op "gemm" ('), "op echoed as %r" % e["message"])
+    check(e["message"].startswith('op: unknown op "gemm\\n" ('), "op echoed as %r" % e["message"])
     e = expect(c.call("task.run", {"op": "map", "inputs": [one],
                                    "options": {"fn": "\nabs\n"}}), "EINVAL")
-    check('unknown function "abs" (' in e["message"], "fn echoed as %r" % e["message"])
+    check('unknown function "\\nabs\\n" (' in e["message"], "fn echoed as %r" % e["message"])
     e = expect(c.call("task.run", {"op": "map", "options": {"fn": "abs"},
                                    "inputs": [dict(one, dtype="f32\n")]}), "EDTYPE")
-    check(e["message"].endswith('unknown dtype "f32"'), "dtype echoed as %r" % e["message"])
-    e = expect(c.call("buffer.create", {"size": 8, "device": "cpu:9\n"}), "ENODEV")
-    check('no device "cpu:9" (' in e["message"], "device echoed as %r" % e["message"])
+    check(e["message"].endswith('unknown dtype "f32\\n"'), "dtype echoed as %r" % e["message"])
+    for dev in ("cpu:0\n", "\ncpu:0", "cpu:0\r\n\r\n", "cpu:0\t", "cpu\n:0"):
+        e = expect(c.call("buffer.create", {"size": 8, "device": dev}), "ENODEV")
+        check('no device "%s" (' % echo_ref(dev) in e["message"],
+              "device %r echoed as %r" % (dev, e["message"]))
     # The hello name status shows follows the same rule.
     c.ok("hello", {"client": "\nab\n\ncd\r\n"})
     me = [x for x in c.ok("status")["clients"] if x["self"]]
-    check(me and me[0]["name"] == "ab; cd", "status name %r" % (me,))
+    check(me and me[0]["name"] == "\\nab\\n\\ncd\\r\\n", "status name %r" % (me,))
     c.ok("hello", {"client": "y" * 31 + "\n" * 32})
     me = [x for x in c.ok("status")["clients"] if x["self"]]
-    check(me and me[0]["name"] == "y" * 31, "status name %r" % (me,))
-    c.ok("hello", {"client": "y\n" * 31 + "z"})
+    check(me and me[0]["name"] == "y" * 31 + "\\n" * 32, "status name %r" % (me,))
+    c.ok("hello", {"client": "\x01" * 63})
     me = [x for x in c.ok("status")["clients"] if x["self"]]
-    check(me and me[0]["name"] == "y; " * 31 + "z", "status name, grown by the joins %r" % (me,))
+    check(me and me[0]["name"] == "\\x01" * 63, "status name, grown by the escapes %r" % (me,))
     still_open(c)
 
 
 @case("Errors: a subscript that is not a letter is named by its code point")
 def subscript_char(env):
-    # protocol.md, Errors: a control character echoed becomes a space (one
-    # that prints as nothing \uNNNN), so the
-    # character a message points at is named in a form that survives it
-    # (U+0085 was reported as "' ' is not a letter", and spaces are allowed).
+    # protocol.md, Errors: the character a message points at is named by its
+    # code point where it would not read as itself (U+0085 was reported as
+    # "' ' is not a letter", and spaces are allowed).
     c = env.conn()
     a = {"dtype": "f32", "shape": [2, 2], "data": struct.pack("<4f", 1, 2, 3, 4)}
 
@@ -718,7 +748,7 @@ def subscript_char(env):
                                        "options": {"subscripts": "ij,jk->ik"}}), "ENODEV")
         check('no device "%s"' % shown in e["message"], "%r echoed as %r" % (dev, e["message"]))
     e = expect(sub("ij,jk->ik\n"), "EINVAL")
-    check(e["message"].startswith('contract: "ij,jk->ik": U+000A is not a letter'),
+    check(e["message"].startswith('contract: "ij,jk->ik\\n": U+000A is not a letter'),
           "a trailing line break: %r" % e["message"])
     # a byte that starts no UTF-8 character: by its value
     c.send(arr(b"\x00", p(9), p("task.run"),
@@ -4508,17 +4538,17 @@ def inplace_order(env):
 def nul_strings(env):
     c = env.conn()
     e = expect(c.call("ping\0"), "ENOMETHOD")
-    check('"ping\\0"' in e["message"], "method echoed with its NUL %r" % e["message"])
+    check('"ping\\x00"' in e["message"], "method echoed with its NUL %r" % e["message"])
     expect(c.call("buffer.create", {"device": "cpu:0\0junk", "size": 8}), "EINVAL", "device",
            "NUL")
     expect(c.call("hello", {"client": "ab\0cd"}), "EINVAL", "client", "NUL")
     run = {"op": "map", "device": "cpu:0", "inputs": [t32([1.0])], "options": {"fn": "abs"}}
     e = expect(c.call("task.run", dict(run, op="map\0x")), "EINVAL", "op")
-    check('"map\\0x"' in e["message"], "op echoed %r" % e["message"])
+    check('"map\\x00x"' in e["message"], "op echoed %r" % e["message"])
     e = expect(c.call("task.run", dict(run, options={"fn": "abs\0"})), "EINVAL", "options.fn")
-    check('"abs\\0"' in e["message"], "fn echoed %r" % e["message"])
+    check('"abs\\x00"' in e["message"], "fn echoed %r" % e["message"])
     e = expect(c.call("task.run", dict(run, inputs=[dict(t32([1.0]), dtype="f32\0")])), "EDTYPE")
-    check('"f32\\0"' in e["message"], "dtype echoed %r" % e["message"])
+    check('"f32\\x00"' in e["message"], "dtype echoed %r" % e["message"])
     expect(c.call("task.run", {"op": "contract", "device": "cpu:0",
                                "inputs": [t32([1.0]), t32([1.0])],
                                "options": {"subscripts": "i,i->\0"}}),

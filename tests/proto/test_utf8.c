@@ -118,13 +118,13 @@ static void test_cut(void **st) {
   assert_int_equal(dspk__utf8_cut("\x80\x80\x80\x80\x80", 5, 3), 3);
 }
 
-/* A client's string echoed in a message: a NUL byte as \0, cut at a
+/* A client's string echoed in a message: a NUL byte as \x00, cut at a
  * character boundary, to the buffer, a cut marked "..." (probe 16 A#3:
  * "float32_little_endian" was echoed "float32_little_e", unmarked). */
 static void test_echo(void **st) {
   char buf[32];
   (void)st;
-  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "ping\0x", 6, 64), "ping\\0x");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "ping\0x", 6, 64), "ping\\x00x");
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\xc3\xa9\xc3\xa9", 4, 3),
                       "\xc3\xa9...");
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\xc3\xa9\xc3\xa9", 4, 4),
@@ -134,8 +134,8 @@ static void test_echo(void **st) {
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "float32_little_e", 16, 16),
                       "float32_little_e");
   /* Cut for the room (cap, the mark's 3 bytes kept from it), marked too. */
-  assert_string_equal(dspk__utf8_echo(buf, 9, "abcd\0", 5, 64), "abcd...");
-  assert_string_equal(dspk__utf8_echo(buf, 10, "abcd\0", 5, 64), "abcd\\0");
+  assert_string_equal(dspk__utf8_echo(buf, 11, "abcd\0", 5, 64), "abcd...");
+  assert_string_equal(dspk__utf8_echo(buf, 12, "abcd\0", 5, 64), "abcd\\x00");
   assert_string_equal(dspk__utf8_echo(buf, 3, "abcd", 4, 64), "");
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "", 0, 64), "");
   /* The whole of DSPK__ECHO_CAP(max) holds max bytes and the mark. */
@@ -153,14 +153,14 @@ static void test_echo_hidden(void **st) {
       {"cpu:0\xe2\x80\xae" "0=diu", "cpu:0\\u202e0=diu"},          /* RLO */
       {"x\xe2\x80\x8b\xe2\x81\xa6y\xef\xbb\xbf", "x\\u200b\\u2066y\\ufeff"},
       {"a\\b", "a\\\\b"},                                       /* a backslash */
-      {"\\0\0", "\\\\0\\0"},          /* typed \0 and a NUL: told apart */
+      {"\\0\0", "\\\\0\\x00"},       /* typed \0 and a NUL: told apart */
       {"\xcc\x81x", "\\u0301x"},                         /* a mark first */
       {"e\xcc\x81", "e\xcc\x81"},                        /* on a letter */
       {"\xc3\xa9\xcc\x81", "\xc3\xa9\xcc\x81"},              /* on another one */
       {"a \xcc\x81", "a \\u0301"},                       /* after a blank */
       {"\"\xcc\x81", "\"\\u0301"},                       /* after a quote */
       {"\xcc\x81\xcc\x82", "\\u0301\\u0302"},           /* a mark on an escape */
-      {"a\n\xcc\x81", "a; \\u0301"},                    /* a line's start */
+      {"a\n\xcc\x81", "a\\n\\u0301"},                  /* after an escape */
       {"\xef\xbf\xbe\xef\xb7\x90", "\\ufffe\\ufdd0"},    /* noncharacters */
       {"\xee\x80\x80\xf3\xb0\x80\x80", "\\ue000\\U000f0000"}, /* private use */
       {"\xed\x9f\xbf", "\xed\x9f\xbf"},  /* U+D7FF, unassigned: as it is */
@@ -179,30 +179,56 @@ static void test_echo_hidden(void **st) {
   assert_string_equal(dspk__utf8_echo(buf, 11, "ab\xe2\x80\x8b", 5, 32), "ab...");
 }
 
-/* Its lines joined with "; ", blank lines dropped, a leading or trailing
- * line break too ("gemm\n" was echoed as "gemm; "), the blanks next to a
- * break with it, other controls as one space, the string's own leading and
- * trailing blanks kept. */
-static void test_echo_lines(void **st) {
+/* Every control character escaped, so that different strings give
+ * different echoes and the echo stays one line (probe 21 D-1: "cpu:0\n",
+ * "\ncpu:0" and "cpu:0\r\n\r\n" were all echoed as "cpu:0", "cpu:0\t" as
+ * "cpu:0 ", "cpu\n:0" as "cpu; :0"): tab, LF and CR as \t, \n, \r, the
+ * other C0 controls and DEL as \xNN, the C1 controls and U+2028, U+2029
+ * as \uNNNN, an ill-formed byte as \xNN, blanks kept as they are. */
+static void test_echo_controls(void **st) {
   static const struct { const char *in, *out; } cases[] = {
-      {"abc\n", "abc"},          {"\nabc", "abc"},       {"a\r", "a"},
-      {"\n\n", ""},              {"a\n\nb", "a; b"},     {"a\r\nb", "a; b"},
-      {"a \n b", "a; b"},        {" \t\n a\n\t", "a"},  {"\n \n", ""},
-      {" a ", " a "},           {"a\tb", "a b"},        {"a\xc2\x85" "b", "a b"},
-      {"\xe2\x80\xa8" "x", " x"}, {"x\xe2\x80\xa9\n", "x"}, {"a\n\xc2\x9b\nb", "a; b"},
-      {"\xc3\xa9\n\xc3\xa9", "\xc3\xa9; \xc3\xa9"}, {"ij, jk -> ik", "ij, jk -> ik"},
+      {"cpu:0\n", "cpu:0\\n"},          {"\ncpu:0", "\\ncpu:0"},
+      {"cpu:0\r\n\r\n", "cpu:0\\r\\n\\r\\n"},
+      {"cpu:0\t", "cpu:0\\t"},          {"cpu:0 ", "cpu:0 "},
+      {"cpu\n:0", "cpu\\n:0"},          {"a \n b", "a \\n b"},
+      {" a ", " a "},                    {"\x1b[2J", "\\x1b[2J"},
+      {"a\x7f", "a\\x7f"},              {"a\xc2\x85" "b", "a\\u0085b"},
+      {"\xe2\x80\xa8" "x", "\\u2028x"}, {"x\xe2\x80\xa9", "x\\u2029"},
+      {"a\xff" "b", "a\\xffb"},            {"\xc3\xa9\n\xc3\xa9", "\xc3\xa9\\n\xc3\xa9"},
+      {"\xe2\x80\x8b" "a", "\\u200ba"},  {"\\u200ba", "\\\\u200ba"},
+      {"ij, jk -> ik", "ij, jk -> ik"},
   };
   char buf[64];
   (void)st;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     assert_string_equal(dspk__utf8_echo(buf, sizeof buf, cases[i].in, strlen(cases[i].in), 32),
                         cases[i].out);
-  /* A NUL is text: "\0" after a break is a line. */
-  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\n\0\n", 3, 32), "\\0");
-  /* The growth fits 2 * max + 1; cut to cap whole ("; " is not split). */
-  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "a\na\na", 5, 32), "a; a; a");
-  assert_string_equal(dspk__utf8_echo(buf, 8, "a\nb", 3, 32), "a; b");
-  assert_string_equal(dspk__utf8_echo(buf, 7, "a\nb", 3, 32), "a...");
+  /* Every pair of different strings of up to two bytes from the edges
+   * echoes differently, and no echo holds a control character. */
+  static char seen[NE * NE + NE + 1][DSPK__ECHO_CAP(2)];
+  size_t ns = 0;
+  for (size_t len = 0; len <= 2; len++)
+    for (size_t x = 0; x < (len == 0 ? 1 : len == 1 ? NE : NE * NE); x++) {
+      char in[2] = {(char)edges[x % NE], (char)edges[x / NE % NE]};
+      char *e = seen[ns++];
+      dspk__utf8_echo(e, DSPK__ECHO_CAP(2), in, len, 2);
+      for (size_t j = 0, k; e[j]; j += k ? k : 1) {
+        k = dspk__utf8_seq(e + j, strlen(e + j));
+        assert_int_not_equal(k, 0);
+        assert_int_equal(dspk__utf8_ctl(e + j, k), 0);
+      }
+      for (size_t j = 0; j + 1 < ns; j++)
+        assert_string_not_equal(seen[j], e);
+    }
+  /* The growth fits DSPK__ECHO_CAP(max): a control byte is four. */
+  char big[DSPK__ECHO_CAP(4)];
+  assert_string_equal(dspk__utf8_echo(big, sizeof big, "\n\n\n\n\n", 5, 4),
+                      "\\n\\n\\n\\n...");
+  assert_string_equal(dspk__utf8_echo(big, sizeof big, "\x01\x01\x01\x01", 4, 4),
+                      "\\x01\\x01\\x01\\x01");
+  /* Cut to cap before an escape, never inside it. */
+  assert_string_equal(dspk__utf8_echo(buf, 8, "a\nb", 3, 32), "a\\nb");
+  assert_string_equal(dspk__utf8_echo(buf, 7, "a\nb", 3, 32), "a\\n...");
   assert_string_equal(dspk__utf8_echo(buf, 6, "a\nb", 3, 32), "a...");
 }
 
@@ -630,7 +656,7 @@ int main(void) {
       cmocka_unit_test(test_copy),
       cmocka_unit_test(test_echo),
       cmocka_unit_test(test_echo_hidden),
-      cmocka_unit_test(test_echo_lines),
+      cmocka_unit_test(test_echo_controls),
       cmocka_unit_test(test_char_name),
       cmocka_unit_test(test_format),
       cmocka_unit_test(test_sanitize),
