@@ -388,7 +388,7 @@ struct unavailable {
  * once no connection refers to it.  Loop thread only. */
 #define DSPKD_JOB_MAX_DEVICES 64
 #define DSPKD_UUID_LEN 40 /* a normalised UUID: lower-case hex digits only */
-#define DSPKD_ENDED_SLOTS 256 /* the ended jobs remembered (struct dspkd's ring) */
+#define DSPKD_ENDED_SLOTS 256 /* the ended jobs remembered (struct dspkd's list) */
 /* A job.end waiting for its job's connections to be gone: its caller
  * (dspkd_conn_owe holds it) and the request's msgid. */
 struct jend_wait {
@@ -575,12 +575,15 @@ struct dspkd {
   _Atomic uint64_t client_maps; /* mappings of every user's buffers (shm.c) */
   struct djob *jobs;        /* daemon/jobs.c: registered Slurm jobs */
   size_t njobs;
-  /* The last DSPKD_ENDED_SLOTS jobs ended, a ring (slot nended % the size
-   * is the next), so that a claim of one fails; daemon/jobs.c's
-   * dspkd_job_was_ended and dspkd_job_end_record read and add to it. */
-  uint64_t ended_jobs[DSPKD_ENDED_SLOTS]; /* ids, 0: registered again since */
+  /* The last DSPKD_ENDED_SLOTS jobs ended, so that a claim of one fails: a
+   * list without holes, oldest first (ended_jobs[0 .. nended-1], each id
+   * once).  A job registered again leaves it and the younger ones move
+   * down, so that it always holds the last nended ended jobs (a ring whose
+   * requeued slots were left empty lost one more each time it wrapped:
+   * probe 21 F1).  Only daemon/jobs.c's dspkd_job_* functions change it. */
+  uint64_t ended_jobs[DSPKD_ENDED_SLOTS]; /* ids */
   uid_t ended_uids[DSPKD_ENDED_SLOTS];    /* the uid each was registered for, (uid_t)-1: none */
-  unsigned nended;
+  unsigned nended;                        /* at most DSPKD_ENDED_SLOTS */
   /* daemon/jobstate.c: the file the registered and the ended jobs are kept
    * in across restarts ("" : none could be named), and whether the start
    * could not read it (then a connection without a registered job gets the
@@ -903,23 +906,27 @@ void dspkd_jobs_free(struct dspkd *d);
 /* Answers now every job.end still waiting for its job's connections (the
  * stop, before it closes the connections left at its deadline). */
 void dspkd_jobs_answer_ends(struct dspkd *d);
-/* Whether Slurm job id is in d's ring of ended jobs (job.end, and dspkd
+/* Whether Slurm job id is in d's list of ended jobs (job.end, and dspkd
  * --end-job on the state file's); *uid (NULL: not wanted): the uid it was
  * registered for ((uid_t)-1: it was not). */
 bool dspkd_job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid);
-/* What dspkd_job_end_record replaced in the ring, to put it back. */
+/* What dspkd_job_end_record (or jobs.c's forget) changed in the list, to
+ * put it back. */
 struct dspkd_ended_undo {
-  bool recorded; /* false: nothing was added, nothing to put back */
+  bool recorded; /* false: nothing was changed, nothing to put back */
+  bool dropped;  /* record: the oldest (id, uid) went to make room */
+  unsigned at;   /* forget: where id was */
   uint64_t id;
   uid_t uid;
 };
 /* Adds Slurm job id, registered for uid ((uid_t)-1: not registered), to d's
- * ring of ended jobs, over its oldest when full, unless it is there already.
- * Whether it was added; *undo (NULL: not wanted) says how to take it back
- * (dspkd_job_end_unrecord). */
+ * list of ended jobs as the youngest, the oldest dropped when the list is
+ * full, unless it is there already.  Whether it was added; *undo (NULL:
+ * not wanted) says how to take it back (dspkd_job_end_unrecord). */
 bool dspkd_job_end_record(struct dspkd *d, uint64_t id, uid_t uid,
                           struct dspkd_ended_undo *undo);
-/* Takes back the last dspkd_job_end_record, as undo says. */
+/* Takes back the last dspkd_job_end_record, as undo says (nothing else
+ * changed the list since). */
 void dspkd_job_end_unrecord(struct dspkd *d, const struct dspkd_ended_undo *undo);
 /* daemon/jobstate.c: the registered and the ended Slurm jobs kept across a
  * restart (docs/protocol.md, "Slurm jobs").  The file (d->job_state): the

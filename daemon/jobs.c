@@ -108,8 +108,7 @@ static int job_end_wait(struct req *r, struct djob *j) {
 }
 
 bool dspkd_job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
-  unsigned n = d->nended < DSPKD_ENDED_SLOTS ? d->nended : DSPKD_ENDED_SLOTS;
-  for (unsigned i = 0; i < n; i++)
+  for (unsigned i = 0; i < d->nended; i++)
     if (d->ended_jobs[i] == id) {
       if (uid)
         *uid = d->ended_uids[i];
@@ -118,28 +117,71 @@ bool dspkd_job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
   return false;
 }
 
+/* Puts (id, uid) at position at of d's ended list, the younger ones moved
+ * up; the list has room. */
+static void ended_insert(struct dspkd *d, unsigned at, uint64_t id, uid_t uid) {
+  memmove(&d->ended_jobs[at + 1], &d->ended_jobs[at],
+          (d->nended - at) * sizeof d->ended_jobs[0]);
+  memmove(&d->ended_uids[at + 1], &d->ended_uids[at],
+          (d->nended - at) * sizeof d->ended_uids[0]);
+  d->ended_jobs[at] = id;
+  d->ended_uids[at] = uid;
+  d->nended++;
+}
+
+/* Takes position at out of d's ended list, the younger ones moved down. */
+static void ended_remove(struct dspkd *d, unsigned at) {
+  d->nended--;
+  memmove(&d->ended_jobs[at], &d->ended_jobs[at + 1],
+          (d->nended - at) * sizeof d->ended_jobs[0]);
+  memmove(&d->ended_uids[at], &d->ended_uids[at + 1],
+          (d->nended - at) * sizeof d->ended_uids[0]);
+}
+
 bool dspkd_job_end_record(struct dspkd *d, uint64_t id, uid_t uid,
                           struct dspkd_ended_undo *undo) {
-  unsigned k = d->nended % DSPKD_ENDED_SLOTS;
-  if (dspkd_job_was_ended(d, id, NULL)) {
-    if (undo)
-      *undo = (struct dspkd_ended_undo){0};
-    return false;
+  struct dspkd_ended_undo u = {0};
+  if (!dspkd_job_was_ended(d, id, NULL)) {
+    u.recorded = true;
+    if (d->nended == DSPKD_ENDED_SLOTS) {
+      u.dropped = true;
+      u.id = d->ended_jobs[0];
+      u.uid = d->ended_uids[0];
+      ended_remove(d, 0);
+    }
+    ended_insert(d, d->nended, id, uid);
   }
   if (undo)
-    *undo = (struct dspkd_ended_undo){true, d->ended_jobs[k], d->ended_uids[k]};
-  d->ended_uids[k] = uid;
-  d->ended_jobs[k] = id;
-  d->nended++;
-  return true;
+    *undo = u;
+  return u.recorded;
 }
 
 void dspkd_job_end_unrecord(struct dspkd *d, const struct dspkd_ended_undo *undo) {
   if (!undo->recorded)
     return;
-  d->nended--;
-  d->ended_jobs[d->nended % DSPKD_ENDED_SLOTS] = undo->id;
-  d->ended_uids[d->nended % DSPKD_ENDED_SLOTS] = undo->uid;
+  ended_remove(d, d->nended - 1);
+  if (undo->dropped)
+    ended_insert(d, 0, undo->id, undo->uid);
+}
+
+/* A job registered again (a requeued one) leaves d's ended list: it may be
+ * claimed again.  *undo says where it was (recorded false: it was not
+ * there), for ended_unforget. */
+static void ended_forget(struct dspkd *d, uint64_t id, struct dspkd_ended_undo *undo) {
+  *undo = (struct dspkd_ended_undo){0};
+  for (unsigned i = 0; i < d->nended; i++)
+    if (d->ended_jobs[i] == id) {
+      *undo = (struct dspkd_ended_undo){.recorded = true, .at = i, .id = id,
+                                        .uid = d->ended_uids[i]};
+      ended_remove(d, i);
+      return;
+    }
+}
+
+/* Puts back what ended_forget took (nothing else changed the list since). */
+static void ended_unforget(struct dspkd *d, const struct dspkd_ended_undo *undo) {
+  if (undo->recorded)
+    ended_insert(d, undo->at, undo->id, undo->uid);
 }
 
 static void job_unlink(struct dspkd *d, struct djob *j) {
@@ -577,17 +619,15 @@ static void swap_devices(struct djob *a, struct djob *b) {
 
 /* job.register made durable (daemon/jobstate.c): the state file written,
  * or the registration undone and EIO.  created: the job is new; old: the
- * devices it had; cleared: the ended_jobs slot its registration cleared
- * (-1: none). */
+ * devices it had; left: where it left the ended list (ended_forget). */
 static int register_persist(struct req *r, struct djob *j, bool created, struct djob *old,
-                            int cleared) {
+                            const struct dspkd_ended_undo *left) {
   struct dspkd *d = r->c->d;
   char why[sizeof r->msg];
   uint64_t id = j->id;
   if (dspkd_jobstate_save(d, why, sizeof why) == 0)
     return 0;
-  if (cleared >= 0)
-    d->ended_jobs[cleared] = id;
+  ended_unforget(d, left);
   if (created) {
     job_unlink(d, j);
     free(j);
@@ -644,7 +684,8 @@ int dspkd_m_job_register(struct req *r) {
                                                              : NULL;
   struct djob *j, tmp;
   bool created;
-  int cleared = -1, err;
+  struct dspkd_ended_undo left = {0};
+  int err;
   uint64_t id = r->v[DSPK__JREG_JOB].v.u, uid = r->v[DSPK__JREG_UID].v.u;
   struct wreq *wr;
   struct dspk__pval v[3];
@@ -705,16 +746,12 @@ int dspkd_m_job_register(struct req *r) {
     d->jobs = j;
     d->njobs++;
     /* A requeued job comes back with its id: it may be claimed again. */
-    for (unsigned i = 0; i < DSPKD_ENDED_SLOTS; i++)
-      if (d->ended_jobs[i] == id) {
-        d->ended_jobs[i] = 0;
-        cleared = (int)i;
-      }
+    ended_forget(d, id, &left);
   }
   /* A second registration (the prolog ran again) replaces the devices
    * (tmp keeps the old ones until the state file has the new). */
   swap_devices(j, &tmp);
-  if ((err = register_persist(r, j, created, &tmp, cleared)) < 0)
+  if ((err = register_persist(r, j, created, &tmp, &left)) < 0)
     return err;
   for (int i = 0; i < d->ndevs; i++)
     nmatch += d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]);

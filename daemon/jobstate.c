@@ -372,7 +372,6 @@ int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, bool di
 static int state_text(const struct dspkd *d, char **buf, size_t *len) {
   FILE *f = open_memstream(buf, len);
   unsigned long n = 0;
-  unsigned first = d->nended > DSPKD_ENDED_SLOTS ? d->nended - DSPKD_ENDED_SLOTS : 0;
 
   if (!f)
     return -1;
@@ -386,11 +385,9 @@ static int state_text(const struct dspkd *d, char **buf, size_t *len) {
     fputc('\n', f);
     n++;
   }
-  for (unsigned k = first; k < d->nended; k++) {
-    uint64_t id = d->ended_jobs[k % DSPKD_ENDED_SLOTS];
-    uid_t uid = d->ended_uids[k % DSPKD_ENDED_SLOTS];
-    if (!id)
-      continue; /* registered again (a requeued job) */
+  for (unsigned k = 0; k < d->nended; k++) {
+    uint64_t id = d->ended_jobs[k];
+    uid_t uid = d->ended_uids[k];
     if (uid == (uid_t)-1)
       fprintf(f, "ended %" PRIu64 " -\n", id);
     else
@@ -1027,10 +1024,10 @@ static void apply(struct dspkd *d, struct parsed *p, bool warn) {
     tail = &j->next;
     d->njobs++;
   }
-  for (unsigned i = 0; i < p->nended; i++) {
-    d->ended_uids[d->nended % DSPKD_ENDED_SLOTS] = p->ended_uid[i];
-    d->ended_jobs[d->nended++ % DSPKD_ENDED_SLOTS] = p->ended[i];
-  }
+  /* Oldest first, as job.end adds them (the parse refused a file that
+   * lists one twice or more than DSPKD_ENDED_SLOTS). */
+  for (unsigned i = 0; i < p->nended; i++)
+    dspkd_job_end_record(d, p->ended[i], p->ended_uid[i], NULL);
 }
 
 static void parsed_free(struct parsed *p) {

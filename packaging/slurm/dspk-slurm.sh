@@ -341,12 +341,28 @@ submit_capture() {
 
 # one_line TEXT: TEXT's lines joined with "; ", blank ones dropped, each
 # quoted by vis (a command's output in a message of one line).
-# shellcheck disable=SC2317 # the epilog has no use for it
 one_line() {
   printf '%s\n' "$1" | vawk "$vis_awk"'
     { sub(/\r$/, ""); sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
     NF { o = o (o == "" ? "" : "; ") vis($0) }
     END { printf "%s", o }'
+}
+
+# submit_failed WHY: after submit_capture, when dspk-submit itself failed
+# (an exit status other than 0 and 124: it could not connect, the daemon
+# refused, a usage error), err becomes the script's one line, "dspk WHAT:
+# job N: " then what dspk-submit said (its lines joined by one_line; that
+# it exited RC without a word, when it said nothing) then "; WHY", so that
+# the line Slurm logs names the script and the job as every other failure
+# of the scripts does (probe 21 F2: the prolog passed dspk-submit's line
+# on alone).  rc is kept.
+submit_failed() {
+  case $rc in
+    0 | 124) return ;;
+  esac
+  sf_said=$(one_line "$err")
+  [ -n "$sf_said" ] || sf_said="$submit_v exited $rc without a message"
+  err="dspk $what: job $job: $sf_said; $1"
 }
 
 # answered WHAT [UID]: whether ans is dspk-submit's JSON answer (one line) to

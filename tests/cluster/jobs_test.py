@@ -9,14 +9,15 @@ or corrupt, EIO when it cannot be written; restart()), an epilog that runs while
 dspkd listens (dspkd --end-job, the state file's lock; down(); on the socket it was given,
 through a link too: epilog_socket()), where the state file is (paths()), what keeps the lock
 from another daemon's files and what a reload refuses (lock_guard(), reload_guard()), the
-cgroup line of Slurm's hierarchy alone (cgroup_case()), and a daemon under a /proc that hides
+cgroup line of Slurm's hierarchy alone (cgroup_case()), the last 256 ended jobs
+(ended_list()), and a daemon under a /proc that hides
 other users' processes (hidden(): printed as skipped where it cannot run; exit 77 when it is
 the case asked for; so is cgroup without writable v1 freezer and pids hierarchies).  The excluded
 device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped) without
 one.
 
     jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG]
-        [down|paths|hidden|ending|cgroup|usable]
+        [down|paths|hidden|ending|cgroup|usable|ended]
 """
 import argparse
 import json
@@ -364,6 +365,10 @@ def run(exe, submit, epilog, tmp, case=None):
             killed_case(exe, submit, epilog, tmp)
             daemon_check(Daemon(exe, tmp), ending_again)
             return 0
+        if case == "ended":
+            d.stop()
+            ended_list(exe, os.path.join(tmp, "ended"))
+            return 0
         if case == "cgroup":
             d.stop()
             return 0 if cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu) else 77
@@ -698,6 +703,7 @@ def run(exe, submit, epilog, tmp, case=None):
         sys.stderr.write(d.logtext()[-6000:])
         d.proc.kill()
         raise
+    ended_list(exe, os.path.join(tmp, "ended"))
     down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
     epilog_socket(exe, submit, epilog, os.path.join(tmp, "socket"))
     paths(exe, submit, os.path.join(tmp, "paths"))
@@ -1134,6 +1140,7 @@ def daemon_check(d, fn):
     except BaseException:
         sys.stderr.write(d.logtext()[-6000:])
         d.proc.kill()
+        d.proc.wait()  # gone, so that a tmpfs it wrote to can be unmounted
         raise
 
 
@@ -1300,6 +1307,217 @@ def restart(exe, submit, tmp, gpu, cpu):
             admin.call("job.end", {"job": 20})
             check(job_ids(admin) == [], "job 20 ended once the disk has room")
             check(not os.path.exists(fstate + ".tmp"), "no temporary file left")
+        daemon_check(Daemon(exe, tmp, ["--job-state", fstate]), full)
+    finally:
+        subprocess.run(["umount", mnt], check=True)
+
+
+def ended_list(exe, tmp):
+    """The ended jobs dspkd knows are the last 256 ended on the node, and a job registered
+    again (a requeued one) leaves that list (docs/cluster.md, "How a job is limited to its
+    GPUs"): after each step the state file's ended lines are those of a model of that rule
+    (a Python list), through job.end and job.register, a reload, a restart, dspkd --end-job,
+    a state file of 256 ended jobs written by hand (one of 257 is refused), and the undo of
+    a job.register or job.end that could not be written; a claim of the oldest remembered
+    job is EPERM and one of the job just forgotten is not.  (Probe 21 F1: once the list was
+    full, each job registered again and ended again dropped one more: 255 after one
+    requeue, 128 after 260, and a forgotten job's claim got every device.)"""
+    os.chmod(os.path.dirname(tmp), 0o711)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    state = os.path.join(tmp, "dspkd.jobs")
+    model = []  # [(id, uid or None)], oldest first
+
+    def end(jid, uid=None):
+        if jid not in [e[0] for e in model]:
+            model.append((jid, uid))
+            del model[:-256]
+
+    def forget(jid):
+        model[:] = [e for e in model if e[0] != jid]
+
+    def ended_in(path):
+        got = []
+        for line in open(path).read().splitlines():
+            w = line.split(" ")
+            if w[0] == "ended":
+                got.append((int(w[1]), None if w[2] == "-" else int(w[2])))
+        return got
+
+    def same(what, path=state):
+        got = ended_in(path)
+        check(got == model, "%s: %d ended in the file, the model has %d; first difference "
+              "at %r" % (what, len(got), len(model),
+                         next((i for i, (a, b) in enumerate(zip(got, model)) if a != b),
+                              min(len(got), len(model)))))
+
+    def claims(d, what):
+        # The oldest remembered job of uid 65534 is EPERM "has ended"; the youngest of
+        # its jobs older than those 256 is forgotten (uid 65534 has no job here, and
+        # job_required is no: no error).
+        mine = [e[0] for e in model if e[1] == NOBODY]
+        gone = max(j for j in every_nobody if j not in [e[0] for e in model])
+        got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: [
+            err_of(d.client(job=mine[0]), "devices", {}),
+            err_of(d.client(job=gone), "devices", {})])
+        check(got[0][0] == "EPERM" and "Slurm job %d (claimed) has ended" % mine[0] in got[0][1],
+              "%s: a claim of job %d, remembered: %r" % (what, mine[0], got[0]))
+        check(got[1] == ["ok", ""], "%s: a claim of job %d, forgotten: %r" % (what, gone, got[1]))
+
+    every_nobody = set()
+
+    def reg(admin, jid, uid=NOBODY):
+        admin.call("job.register", {"job": jid, "uid": uid, "devices": []})
+        forget(jid)
+        if uid == NOBODY:
+            every_nobody.add(jid)
+
+    def fin(admin, jid, uid=None):
+        admin.call("job.end", {"job": jid})
+        end(jid, uid)
+
+    def live(d):
+        admin = d.client()
+        os.chmod(d.sock, 0o666)
+        for i in range(1, 257):
+            fin(admin, i)
+        same("256 ends")
+        reg(admin, 300)
+        fin(admin, 300, NOBODY)
+        same("300 registered and ended")
+        reg(admin, 300)
+        same("300 registered again (requeued)")
+        check(len(model) == 255, "the model: 255")
+        fin(admin, 300, NOBODY)
+        same("300 ended again")
+        check(len(model) == 256 and model[0] == (2, None), "the model: 2..256, 300")
+        fin(admin, 301)
+        same("301 ended")
+        # 260 jobs each registered, ended, registered again and ended again.
+        for jid in range(400, 660):
+            for _ in range(2):
+                reg(admin, jid)
+                fin(admin, jid, NOBODY)
+        same("260 requeued jobs")
+        check(len(model) == 256, "the model: 256")
+        claims(d, "260 requeued jobs")
+        # A job in the middle of the list registered again: the younger ones move down,
+        # the next end fills the list without dropping the oldest.
+        mid = model[100][0]
+        reg(admin, mid)
+        same("job %d of the middle registered again" % mid)
+        fin(admin, 700)
+        same("700 ended")
+        fin(admin, model[5][0])  # ended again: nothing changes
+        same("an ended job ended again")
+        # The oldest registered again, and ended again: the youngest.
+        oldest = model[0][0]
+        reg(admin, oldest)
+        same("the oldest registered again")
+        fin(admin, oldest, NOBODY)
+        same("the oldest ended again")
+        fin(admin, mid, NOBODY)
+        same("job %d ended again" % mid)
+        claims(d, "after the middle")
+        admin.call("daemon.reload", {})
+        fin(admin, 701)
+        same("a reload, then 701 ended")
+        claims(d, "after a reload")
+        reg(admin, 702, 4242)  # registered, ended by --end-job below
+    daemon_check(Daemon(exe, tmp), live)
+    same("the stopped daemon's file")
+
+    def restarted(d):
+        check("1 job(s) registered again, 256 ended job(s) remembered" in d.logtext(),
+              "the restart's count: %s" % d.logtext()[-2000:])
+        os.chmod(d.sock, 0o666)
+        claims(d, "after a restart")
+        admin = d.client()
+        oldest = model[0][0]
+        reg(admin, oldest)
+        same("after a restart, the oldest registered again")
+        fin(admin, 703)
+        same("after a restart, 703 ended")
+        fin(admin, oldest, NOBODY)
+        same("after a restart, the oldest ended again")
+    daemon_check(Daemon(exe, tmp), restarted)
+
+    def end_job(jid):
+        p = subprocess.run([exe, "--socket", os.path.join(tmp, "dspkd.sock"), "--end-job",
+                            str(jid)], capture_output=True, text=True, timeout=TIMEOUT)
+        check(p.returncode == 0, "--end-job %d: %r" % (jid, p))
+        return p.stdout + p.stderr
+    end_job(704)
+    end(704)
+    same("--end-job of a job not registered")
+    said = end_job(702)
+    end(702, 4242)
+    same("--end-job of registered job 702")
+    said = end_job(model[3][0])
+    check("had ended already" in said, "--end-job of an ended job: %r" % said)
+    same("--end-job of an ended job")
+
+    # A file of 256 ended jobs written by hand, youngest ids first: taken in its order.
+    model[:] = [(1000 - i, None if i % 3 else NOBODY) for i in range(256)]
+    every_nobody.update(e[0] for e in model if e[1] == NOBODY)
+    with open(state, "w") as f:
+        f.write("dspkd-jobs 1\n" + "".join(
+            "ended %d %s\n" % (j, "-" if u is None else u) for j, u in model) + "end 256\n")
+    os.chmod(state, 0o600)
+
+    def handmade(d):
+        check("0 job(s) registered again, 256 ended job(s) remembered" in d.logtext(),
+              "the hand-made file's count")
+        admin = d.client()
+        fin(admin, 1001)
+        same("the hand-made file, then 1001 ended")
+        reg(admin, model[-2][0])
+        fin(admin, 1002)
+        same("the hand-made file, a requeue and 1002 ended")
+    daemon_check(Daemon(exe, tmp), handmade)
+    with open(state, "w") as f:
+        f.write("dspkd-jobs 1\n" + "".join("ended %d -\n" % j for j in range(1, 258)) +
+                "end 257\n")
+
+    def refused(d):
+        check("refusing the state file %s: line 258: more than 256 ended jobs" % state
+              in d.logtext(), "257 ended jobs: %s" % d.logtext()[-2000:])
+    daemon_check(Daemon(exe, tmp), refused)
+    os.unlink(state)
+
+    # A job.end or job.register that cannot be written changes nothing of the list: the
+    # oldest dropped for an end comes back, a requeued job goes back to its place.
+    mnt = os.path.join(tmp, "full")
+    os.mkdir(mnt)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", mnt],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print("cannot mount a tmpfs (%s): the undo check did not run" % p.stderr.strip())
+        return
+    try:
+        fstate = os.path.join(mnt, "jobs.state")
+
+        def full(d):
+            admin = d.client()
+            model[:] = []
+            for i in range(1, 257):
+                fin(admin, i)
+            fd = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    os.write(fd, b"x" * 4096)
+            except OSError:
+                pass
+            os.close(fd)
+            for method, jid in (("job.end", 2000), ("job.register", 100),
+                                ("job.register", 1)):
+                args = {"job": jid} if method == "job.end" else \
+                    {"job": jid, "uid": NOBODY, "devices": []}
+                e = err_of(admin, method, args)
+                check(e[0] == "EIO", "%s %d on a full disk: %r" % (method, jid, e))
+            os.unlink(os.path.join(mnt, "filler"))
+            fin(admin, 2001)
+            same("after three failed writes, 2001 ended", fstate)
         daemon_check(Daemon(exe, tmp, ["--job-state", fstate]), full)
     finally:
         subprocess.run(["umount", mnt], check=True)
@@ -2280,7 +2498,7 @@ def main():
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
     ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending", "cgroup",
-                                               "usable"],
+                                               "usable", "ended"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:

@@ -15,6 +15,8 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   both (exit 1); a copy's messages name the tree's paths without ".."; every other line
   must be "INDEX UUID" (a decimal index without a leading zero, dspkd's UUID syntax,
   nothing more), else the prolog fails naming it (strict_map);
+- dspk-submit failing: one line, the script and the job first, a GPU named by its index
+  (submit_fails);
 - an exit 0 counts only with its answer for the job: dspk-submit's JSON, and dspkd
   --end-job's line as the last on its stdout (answers);
 - SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty, or a SLURM_JOB_ID that
@@ -45,10 +47,12 @@ ARGS_DIR = None  # main() sets it: where the stand-in dspk-submit writes its arg
 # The stand-in dspk-submit: its arguments, a line each, in $FAKE_ARGS (run() reads them
 # into p.args), and on stdout the answer dspk-submit --json prints for them, which the
 # scripts require: job.register's or job.end's for the job (and uid) of the arguments.
-# FAKE_ANSWER, when set, is printed instead.
+# FAKE_ANSWER, when set, is printed instead; FAKE_FAIL, when set, is printed on stderr
+# instead and the exit status is FAKE_RC (dspk-submit failing).
 FAKE = r"""#!/bin/sh
 for a; do printf '%s\n' "$a"; done > "$FAKE_ARGS"
 if [ -n "${FAKE_ANSWER+set}" ]; then printf '%s' "$FAKE_ANSWER"; exit 0; fi
+if [ -n "${FAKE_FAIL+set}" ]; then printf '%s' "$FAKE_FAIL" >&2; exit "$FAKE_RC"; fi
 job= uid= sub= prev=
 for a; do
   case $prev in --job) job=$a ;; --uid) uid=$a ;; esac
@@ -783,6 +787,51 @@ def answers(sdir, tmp, sock, fake):
               % (none, out)), "a dspkd exiting %d with %r: %r" % (rc, out, p))
 
 
+def submit_fails(sdir, tmp, sock, submit):
+    """When dspk-submit itself fails, the script's one line names the script and the job
+    (`dspk prolog: job N: `) before what dspk-submit said, and says what it means for the
+    job; the prolog names a GPU by its index and where its UUID came from (the map file,
+    nvidia-smi), not by dspk-submit's `--devices item K` (probe 21 F2); the exit status is
+    dspk-submit's."""
+    path = os.path.join(tmp, "fail-gpus")
+    with open(path, "w") as f:
+        f.write("1 %s\n3 %s\n" % (UUID[1], UUID[3]))
+    prolog, epilog = os.path.join(sdir, "prolog"), os.path.join(sdir, "epilog")
+    nodev = "dspk-submit: job: ENODEV: --devices item %d: no device of this daemon has the UUID %s\n"
+    env = fake_smi(tmp, "echo '0, GPU-%s'; echo '2, GPU-%s'\n" % (UUID[0], UUID[2]))
+    for gpus, item, want in (("1,3", 2, "GPU index 3 (its UUID from the map %s)" % path),
+                             ("3,1", 1, "GPU index 3 (its UUID from the map %s)" % path),
+                             ("1,2", 2, "GPU index 2 (its UUID from nvidia-smi)"),
+                             ("1,3", 7, "--devices item 7")):
+        by_index = {"1": UUID[1], "2": "GPU-" + UUID[2], "3": UUID[3]}
+        uuid = by_index[gpus.split(",")[item - 1]] if item <= 2 else UUID[0]
+        p = run(prolog, DSPK_SOCKET=sock, DSPK_GPU_MAP=path, SLURM_JOB_GPUS=gpus, PATH=env,
+                FAKE_FAIL=nodev % (item, uuid), FAKE_RC="1")
+        check(p.returncode == 1 and p.stdout == "" and p.stderr ==
+              "dspk prolog: job 7: dspk-submit: job: ENODEV: %s: no device of this daemon has "
+              "the UUID %s; the job is not registered\n" % (want, uuid),
+              "prolog, SLURM_JOB_GPUS=%s, dspk-submit naming item %d: %r" % (gpus, item, p))
+    conn = ("dspk-submit: job: ECONNECT: cannot connect to %s: Permission denied; is dspkd "
+            "running?\n" % sock)
+    for fail, rc, said in ((conn, "1", conn.strip()),
+                           ("two\n\nlines\n", "3", "two; lines"),
+                           ("", "1", "%s exited 1 without a message" % submit)):
+        p = run(prolog, DSPK_SOCKET=sock, FAKE_FAIL=fail, FAKE_RC=rc)
+        check(p.returncode == int(rc) and p.stdout == "" and p.stderr ==
+              "dspk prolog: job 7: %s; the job is not registered\n" % said,
+              "prolog, dspk-submit failing with %r: %r" % (fail, p))
+        p = run(epilog, DSPK_SOCKET=sock, FAKE_FAIL=fail, FAKE_RC=rc)
+        check(p.returncode == int(rc) and p.stdout == "" and p.stderr ==
+              "dspk epilog: job 7: %s; the job may still be registered and its work in the "
+              "daemon\n" % said, "epilog, dspk-submit failing with %r: %r" % (fail, p))
+    # A SLURM_JOB_UID that is no uid: dspk-submit's usage error (exit 2), its --uid named.
+    p = run(prolog, DSPK_SOCKET=sock, SLURM_JOB_UID="-1", FAKE_RC="2",
+            FAKE_FAIL="dspk-submit: job: EINVAL: bad --uid '-1' (want a uid)\n")
+    check(p.returncode == 2 and p.stderr == "dspk prolog: job 7: dspk-submit: job: EINVAL: bad "
+          "--uid (SLURM_JOB_UID) '-1' (want a uid); the job is not registered\n",
+          "prolog, a bad SLURM_JOB_UID: %r" % (p,))
+
+
 def variables(sdir, sock):
     """Slurm's variables unset or empty: exit 2 with the script's own one line."""
     for s in ("prolog", "epilog"):
@@ -859,6 +908,8 @@ def main():
         quoting(sdir, tmp, sock)
         job_gpus(sdir, tmp, sock)
         answers(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
+        submit_fails(sdir, tmp, sock, os.path.join(tmp, "root", a.bindir.lstrip("/"),
+                                                   "dspk-submit"))
         not_socket(sdir, tmp, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         timeouts(sdir, sock)
         variables(sdir, sock)
