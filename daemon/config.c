@@ -176,6 +176,14 @@ static const struct key keys[] = {
      IN_BOTH, "100%", "SIZE|N%", "the same for one connection"},
     {"limits", "max_job_memory", K_SHARE, F(max_job_memory), 1, (uint64_t)1 << 50, true,
      IN_BOTH, "100%", "SIZE|N%", "the same for one Slurm job's connections together"},
+    /* All users together: no fixed default either, a share that depends on
+     * the device (dspkd_quota_total: the host's RAM is also the system's,
+     * the daemon's own and the clients', and cpu buffers are backed only
+     * when written, so the kernel would not refuse them in time). */
+    {"limits", "max_memory", K_SHARE, F(max_memory), 1, (uint64_t)1 << 50, true, IN_BOTH,
+     NULL, "SIZE|N%",
+     "device memory of all users together on each device, as the quotas above count it "
+     "(default: 75% of the cpu device's, the host's RAM; 100% of any other device's)"},
     {"policy", "job_required", K_BOOL, F(job_required), 0, 0, true, IN_BOTH, NULL, NULL,
      "a connection without a registered Slurm job may use the cpu only (default: every "
      "device)"},

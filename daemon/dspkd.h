@@ -61,6 +61,10 @@ struct dspkd_idlist {
 #define DSPKD_SHARE(pct) (((uint64_t)1 << 63) | (uint64_t)(pct))
 #define DSPKD_SHARE_IS(v) (((v) >> 63) != 0)
 #define DSPKD_SHARE_PCT(v) ((v) & 0xff)
+/* max_memory's default on cpu:0, a share of the host's RAM: the rest is the
+ * system's, the daemon's own (read buffers, answers, the pools' cached
+ * blocks, tasks' working memory) and the clients' (daemon/quota.c). */
+#define DSPKD_CPU_MEMORY_PCT 75
 
 /* Configuration from the command line (daemon/main.c) and the configuration
  * file (daemon/config.c). */
@@ -94,6 +98,9 @@ struct dspkd_config {
   uint64_t max_user_memory; /* bytes per device of one user; 0: half the device's */
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
+  /* Bytes per device of all users together (a share: DSPKD_SHARE); 0:
+   * unset, dspkd_quota_total's default for the device. */
+  uint64_t max_memory;
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
   uint64_t idle_trim_ms;    /* after the last client left: give cached memory back */
   unsigned device_inflight; /* jobs a runner enqueues on its device ahead of their answers */
@@ -375,6 +382,9 @@ struct device {
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
   struct dev_obs obs;  /* daemon/observe.h */
+  /* Loop thread only (daemon/quota.c): what the memory quotas count on it
+   * over every connection, bounded by max_memory. */
+  uint64_t clients_mem;
 };
 
 struct unavailable {
@@ -844,9 +854,15 @@ void dspkd_quota_reads_done(struct dbuf *b);
 /* Connection c leaves its Slurm job with buffers still held (by answers
  * not yet written): they no longer count for the job. */
 void dspkd_quota_job_leave(struct conn *c);
-/* Checks a new job against the memory quotas of its connection and user:
- * 0, or DSPK_ELIMIT with msg set.  dspkd_sched_submit charges it. */
-int dspkd_quota_check(const struct job *j, char *msg, size_t len);
+/* Checks a new job against the memory quotas of its connection, user and
+ * Slurm job (DSPK_ELIMIT with msg set), then against all users' memory on
+ * its device, max_memory (DSPK_ENOMEM with msg set, logged: *logged set);
+ * 0 when it fits.  dspkd_sched_submit charges it. */
+int dspkd_quota_check(const struct job *j, char *msg, size_t len, bool *logged);
+/* What all users together may hold on dev (max_memory; unset:
+ * DSPKD_CPU_MEMORY_PCT of cpu:0's memory, all of another device's;
+ * UINT64_MAX where the device's memory is unknown). */
+uint64_t dspkd_quota_total(const struct dspkd *d, const struct device *dev);
 /* Charges (dspkd_sched_submit) or gives back (when it leaves the in-flight list)
  * what the job may take: its answer's bytes and its device memory. */
 /* Adds delta to the answer bytes (unsent + reserved) of c's user; once they

@@ -607,7 +607,7 @@ int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *
     dspkd_maps_take(c, b);
   j->buf = b;
   j->refs[j->nrefs++] = b;
-  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg, &r->logged)) < 0) {
     dspkd_job_free(c->d, j); /* the buffer's release unmaps and closes */
     return err;
   }
@@ -685,7 +685,7 @@ static int m_buffer_write(struct req *r) {
   j->data = data;
   /* A second block while answers may be sent from the buffer's block. */
   dspkd_quota_move_mem(j);
-  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg, &r->logged)) < 0) {
     dspkd_job_free(r->c->d, j);
     return err;
   }
@@ -1206,7 +1206,7 @@ static int m_task_run(struct req *r) {
     goto fail;
   j->dev = dev;
   dspkd_quota_move_mem(j);
-  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0)
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg, &r->logged)) < 0)
     goto fail;
   r->chunk->refs++; /* inline inputs and kernel source point into the frame */
   j->chunk = r->chunk;

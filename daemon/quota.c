@@ -16,7 +16,13 @@
  *   max_user_memory (per user), on each device.  A request beyond either is
  *   answered ELIMIT before anything is allocated.
  *   A connection of a Slurm job (daemon/jobs.c) also counts against
- *   max_job_memory, over every connection of that job.
+ *   max_job_memory, over every connection of that job.  And every
+ *   connection's together (dev->clients_mem) against max_memory: the
+ *   quotas of each user leave the sum of all users unbounded (probe 21 E1:
+ *   three users held 24 GiB of cpu buffers on a 23.5 GiB host, which the
+ *   kernel backs only when they are written: the OOM killer, not an
+ *   answer, would have come).  Past it a request is ENOMEM, the daemon's
+ *   shortage, logged as a warning at most once a minute.
  * - Connections and read buffers per user: max_user_clients and
  *   max_user_partial (checked by daemon/conn.c with these counters).
  */
@@ -26,6 +32,7 @@
 #include <stdlib.h>
 
 #include "daemon/dspkd.h"
+#include "daemon/log.h"
 
 /* Whether u is no longer needed: no connection, no buffer.share memfd
  * counted, no mapping of its buffers (a runner lowers that count once the
@@ -94,6 +101,18 @@ uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool c
   return quota_on(conn ? d->cfg.max_conn_memory : d->cfg.max_user_memory, dev);
 }
 
+uint64_t dspkd_quota_total(const struct dspkd *d, const struct device *dev) {
+  uint64_t v = d->cfg.max_memory, pct;
+  if (v == 0) /* unset: the host's RAM is shared with everything else */
+    v = DSPKD_SHARE(strcmp(dev->be->name, "cpu") == 0 ? DSPKD_CPU_MEMORY_PCT : 100);
+  if (!DSPKD_SHARE_IS(v))
+    return v;
+  if (!dev->info.memory)
+    return UINT64_MAX; /* unknown: the allocation alone bounds it */
+  pct = DSPKD_SHARE_PCT(v); /* here 100% is the whole memory, not "no bound" */
+  return dev->info.memory / 100 * pct + dev->info.memory % 100 * pct / 100;
+}
+
 uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev) {
   const struct dspkd *d = c->d;
   uint64_t lim = dspkd_quota_mem(d, dev, true), u = dspkd_quota_mem(d, dev, false);
@@ -108,7 +127,8 @@ uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev) {
     if (v < lim)
       lim = v;
   }
-  return lim;
+  u = dspkd_quota_total(d, dev);
+  return u < lim ? u : lim;
 }
 
 /* Device memory a job may take on its device: a new buffer, or a task's
@@ -222,23 +242,46 @@ static void task_need_words(const struct job *j, char *out, size_t len) {
   cat(out, len, n, "%s", nalias == 0 ? " need" : parts == 1 ? ", needs" : ", need");
 }
 
+/* What job j needs device memory for, with its verb, into what[len]. */
+static void need_words(const struct job *j, char *what, size_t len) {
+  if (j->kind == JOB_BUF_CREATE)
+    snprintf(what, len, "the buffer needs");
+  else if (j->kind == JOB_BUF_WRITE)
+    snprintf(what, len, "writing buffer %" PRIu64 " while a buffer.read answer may "
+             "still be sent from its memory needs a second block:", j->buf->id);
+  else
+    task_need_words(j, what, len);
+}
+
 static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint64_t held,
                 uint64_t lim, const char *who, const char *key) {
   char what[512];
-  if (j->kind == JOB_BUF_CREATE)
-    snprintf(what, sizeof what, "the buffer needs");
-  else if (j->kind == JOB_BUF_WRITE)
-    snprintf(what, sizeof what, "writing buffer %" PRIu64 " while a buffer.read answer may "
-             "still be sent from its memory needs a second block:", j->buf->id);
-  else
-    task_need_words(j, what, sizeof what);
+  need_words(j, what, sizeof what);
   snprintf(msg, len, "%s %" PRIu64 " byte%s of %s, and %s already holds %" PRIu64
            " of the %" PRIu64 " it may (%s)",
            what, need, need == 1 ? "" : "s", j->dev->id, who, held, lim, key);
   return DSPK_ELIMIT;
 }
 
-int dspkd_quota_check(const struct job *j, char *msg, size_t len) {
+/* Logs a refusal for all users' memory (what: its words) as shm.c logs the
+ * daemon's shortage of mappings: a warning at most once a minute, the rest
+ * at debug, so that clients cannot flood the log. */
+static void log_shortage(const struct conn *c, const char *what) {
+  static uint64_t last_ms, unlogged;
+  uint64_t now = dspkd_now_ms();
+  if (last_ms && now - last_ms < 60000) {
+    unlogged++;
+    dspkd_debug("client %llu: %s", (unsigned long long)c->id, what);
+    return;
+  }
+  dspkd_warn(DSPKD_PEER_FMT ": %s (%llu more since the last such line; logged at most once a "
+             "minute; docs/admin.md, \"Device memory\")", DSPKD_PEER_ARGS(c), what,
+             (unsigned long long)unlogged);
+  last_ms = now;
+  unlogged = 0;
+}
+
+int dspkd_quota_check(const struct job *j, char *msg, size_t len, bool *logged) {
   const struct conn *c = j->conn;
   const struct dspkd *d;
   uint64_t need = job_mem(j), lim, held;
@@ -261,6 +304,19 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len) {
     held = c->job->mem[idx];
     if (need > lim || held > lim - need)
       return over(msg, len, j, need, held, lim, "this Slurm job", "max_job_memory");
+  }
+  lim = dspkd_quota_total(d, j->dev);
+  held = j->dev->clients_mem;
+  if (need > lim || held > lim - need) {
+    char what[512];
+    need_words(j, what, sizeof what);
+    snprintf(msg, len, "%s %" PRIu64 " byte%s of %s, and all users together hold %" PRIu64
+             " of the %" PRIu64 " the daemon gives clients there (max_memory): the daemon's "
+             "memory is taken, not this client's fault; try again later", what, need,
+             need == 1 ? "" : "s", j->dev->id, held, lim);
+    log_shortage(c, msg);
+    *logged = true;
+    return DSPK_ENOMEM;
   }
   return 0;
 }
@@ -307,6 +363,7 @@ void dspkd_quota_charge(struct job *j) {
   if (j->resv_mem && c->user && c->mem) {
     c->mem[j->dev->idx] += j->resv_mem;
     c->user->mem[j->dev->idx] += j->resv_mem;
+    j->dev->clients_mem += j->resv_mem;
     if ((j->resv_job = c->job))
       c->job->mem[j->dev->idx] += j->resv_mem;
   }
@@ -324,6 +381,7 @@ void dspkd_quota_release(struct job *j) {
   if (j->resv_mem && c->user && c->mem) {
     c->mem[j->resv_dev->idx] -= j->resv_mem;
     c->user->mem[j->resv_dev->idx] -= j->resv_mem;
+    j->resv_dev->clients_mem -= j->resv_mem;
     if (j->resv_job)
       j->resv_job->mem[j->resv_dev->idx] -= j->resv_mem;
   }
@@ -337,11 +395,13 @@ void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign) {
   if (sign > 0) {
     c->mem[b->dev->idx] += b->size;
     c->user->mem[b->dev->idx] += b->size;
+    b->dev->clients_mem += b->size;
     if ((b->qjob = c->job))
       b->qjob->mem[b->dev->idx] += b->size;
   } else {
     c->mem[b->dev->idx] -= b->size;
     c->user->mem[b->dev->idx] -= b->size;
+    b->dev->clients_mem -= b->size;
     if (b->qjob)
       b->qjob->mem[b->dev->idx] -= b->size;
     b->qjob = NULL;
@@ -379,18 +439,22 @@ void dspkd_quota_move_mem(struct job *j) {
 }
 
 /* Adds bytes (sign > 0) to, or takes them from, what connection c, its
- * user and Slurm job qjob hold on device idx. */
-static void quota_bytes(struct conn *c, struct djob *qjob, int idx, uint64_t bytes, int sign) {
+ * user and Slurm job qjob hold on device dev, and all users together. */
+static void quota_bytes(struct conn *c, struct djob *qjob, struct device *dev, uint64_t bytes,
+                        int sign) {
+  int idx = dev->idx;
   if (!c->user || !c->mem)
     return;
   if (sign > 0) {
     c->mem[idx] += bytes;
     c->user->mem[idx] += bytes;
+    dev->clients_mem += bytes;
     if (qjob)
       qjob->mem[idx] += bytes;
   } else {
     c->mem[idx] -= bytes;
     c->user->mem[idx] -= bytes;
+    dev->clients_mem -= bytes;
     if (qjob)
       qjob->mem[idx] -= bytes;
   }
@@ -413,7 +477,7 @@ void dspkd_quota_keep_moved(struct job *j) {
       dspkd_conn_ref(c);
     }
     b->moved += b->size;
-    quota_bytes(b->moved_c, b->moved_job, b->dev->idx, b->size, +1);
+    quota_bytes(b->moved_c, b->moved_job, b->dev, b->size, +1);
   }
   j->move_mem = 0;
 }
@@ -422,7 +486,7 @@ void dspkd_quota_reads_done(struct dbuf *b) {
   struct conn *c = b->moved_c;
   if (--b->reads > 0 || !c)
     return;
-  quota_bytes(c, b->moved_job, b->dev->idx, b->moved, -1);
+  quota_bytes(c, b->moved_job, b->dev, b->moved, -1);
   b->moved = 0;
   b->moved_c = NULL;
   b->moved_job = NULL;

@@ -3280,6 +3280,78 @@ def t_memquota(exe, tmp):
     d.stop()
 
 
+def t_memtotal(exe, tmp):
+    """All users' device memory together (max_memory; probe 21 E1: three
+    users held 24 GiB of cpu buffers on a 23.5 GiB host, each within its
+    max_user_memory, and nothing answered ENOMEM: the kernel backs those
+    buffers only when they are written).  The hook DSPK_CPU_MEMORY makes
+    cpu:0's memory (the host's RAM) 64 MiB; the count is over every
+    connection, so one user with max_user_memory 100% and two connections
+    shows it."""
+    M = 1 << 20
+    env = dict(os.environ, DSPK_CPU_MEMORY=str(64 * M))
+    # The default: 75% of cpu:0's memory, 48 MiB.
+    d = Daemon(exe, tmp, ["--max-user-memory", "100%", "--max-conn-memory", "32M"], env=env)
+    c1, c2 = d.client(), d.client()
+    mem = [x for x in c1.call("devices")["devices"] if x["id"] == "cpu:0"][0]["memory"]
+    check(mem == 64 * M, "the hook's memory: %d" % mem)
+    q = c1.call("hello", {"version": 1})["limits"]["cpu_memory_quota"]
+    check(q == 32 * M, "cpu_memory_quota: max_conn_memory 32M: %d" % q)
+    b1 = c1.call("buffer.create", {"device": "cpu:0", "size": 32 * M})["buffer"]
+    c2.call("buffer.create", {"device": "cpu:0", "size": 16 * M})
+    # Both bounds passed: the connection's own quota answers first (ELIMIT).
+    e = c1.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 1})
+    check("max_conn_memory" in e.err["message"], "own quota first: %s" % e.err)
+    e = c2.expect_error("ENOMEM", "buffer.create", {"device": "cpu:0", "size": 1})
+    want = ("the buffer needs 1 byte of cpu:0, and all users together hold %d of the %d the "
+            "daemon gives clients there (max_memory): the daemon's memory is taken, not this "
+            "client's fault; try again later" % (48 * M, 48 * M))
+    check(e.err["message"] == want, "all users' memory: %r" % e.err["message"])
+    # A task's inline operands and results count as the quotas count them.
+    x = np.ones(16)
+    e = c2.expect_error("ENOMEM", "task.run", {"op": "map", "device": "cpu:0",
+                                               "options": {"fn": "abs"},
+                                               "inputs": [tensor(x)]})
+    check(e.err["message"].startswith("the task's inline operands and results need 256 bytes "
+                                      "of cpu:0, and all users together hold"),
+          "task: %r" % e.err["message"])
+    # One warning for both refusals (at most one a minute), naming the page.
+    warns = [ln for ln in d.logtext().splitlines()
+             if "warn:" in ln and "(max_memory)" in ln]
+    check(len(warns) == 1 and "docs/admin.md, \"Device memory\"" in warns[0]
+          and "uid %d" % os.getuid() in warns[0], "one warning: %r" % warns)
+    # Freed, the memory is there again.
+    c1.call("buffer.free", {"buffer": b1})
+    close_enough(run(c2, "map", [x], {"fn": "abs"})[0], x, "task after the free", np.float64)
+    c2.call("buffer.create", {"device": "cpu:0", "size": 16 * M})
+    c1.call("buffer.create", {"device": "cpu:0", "size": 16 * M})
+    c1.expect_error("ENOMEM", "buffer.create", {"device": "cpu:0", "size": 1})
+    c1.close()
+    c2.close()
+    d.stop()
+    # A configured bound, a size or a share (here 100% is the whole memory,
+    # not "no bound" as for the per-user quotas).
+    for arg, lim in (("24M", 24 * M), ("100%", 64 * M), ("25%", 16 * M)):
+        d = Daemon(exe, tmp, ["--max-memory", arg, "--max-user-memory", "100%"], env=env)
+        c = d.client()
+        q = c.call("hello", {"version": 1})["limits"]["cpu_memory_quota"]
+        check(q == lim, "max_memory %s: cpu_memory_quota %d" % (arg, q))
+        c.call("buffer.create", {"device": "cpu:0", "size": lim - 1})
+        c.call("buffer.create", {"device": "cpu:0", "size": 1})
+        e = c.expect_error("ENOMEM", "buffer.create", {"device": "cpu:0", "size": 1})
+        check("hold %d of the %d the daemon gives" % (lim, lim) in e.err["message"],
+              "max_memory %s: %s" % (arg, e.err["message"]))
+        c.close()
+        d.stop()
+    # Its values are checked as the quotas' are.
+    for bad in ("0", "150%", "0%", "2P"):
+        p = subprocess.run([exe, "--foreground", "--config", "", "--no-cache", "--backends", "cpu",
+                            "--socket", os.path.join(tmp, "bad.sock"), "--max-memory", bad],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+        check(p.returncode == 2 and b"max-memory" in p.stderr and b"expected a size" in p.stderr,
+              "--max-memory %s: %d %r" % (bad, p.returncode, p.stderr))
+
+
 def t_cancel(exe, tmp):
     """Long cpu work is cancelable: a gemm runs in tiles (checked here against
     numpy, every transpose, a split inner dimension), a second SIGTERM during
@@ -6186,6 +6258,7 @@ GROUPS = {
     "userconns": t_userconns,
     "partial": t_partial,
     "memquota": t_memquota,
+    "memtotal": t_memtotal,
     "cancel": t_cancel,
     "canceldone": t_canceldone,
     "pausecancel": t_pausecancel,

@@ -2237,7 +2237,7 @@ def t_config(exe, tmp):
     # A computed default shows its computation, to be left commented
     # (probe 18 E4: "#max_user_clients = 64" fixed what follows max_clients).
     computed = re.findall(r"(?m)^#(\w+) = .*leave the key out", text)
-    check(computed == ["max_user_clients", "max_user_maps"],
+    check(computed == ["max_user_clients", "max_user_maps", "max_memory"],
           "the computed defaults: %r" % computed)
     enabled = re.sub(r"(?m)^#(\w+ =)(?!.*leave the key out)", r"\1", text)
     keys = re.findall(r"(?m)^(\w+) =", enabled)

@@ -4256,6 +4256,35 @@ def quotas(env):
                       "outputs": [{"buffer": cb}]})
 
 
+@case("Quotas: max_memory, all users together: ENOMEM after the quotas", daemon="memtotal")
+def memtotal(env):
+    # max_memory 96K, the user's quota 100% of the host's RAM, a
+    # connection's 64K: every connection of every user counts
+    c = env.conn()
+    d = env.conn()
+    c.ok("buffer.create", {"device": "cpu:0", "size": 60000})
+    d.ok("buffer.create", {"device": "cpu:0", "size": 30000})
+    # past the connection's own quota too: ELIMIT, checked first
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 10000}), "ELIMIT",
+           "max_conn_memory")
+    expect(d.call("buffer.create", {"device": "cpu:0", "size": 10000}), "ENOMEM",
+           "the buffer needs 10000 bytes of cpu:0, and all users together hold 90000 of the "
+           "98304 the daemon gives clients there (max_memory): the daemon's memory is taken, "
+           "not this client's fault; try again later")
+    x = {"dtype": "f32", "shape": [2500], "data": b"\0" * 10000}
+    expect(d.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [x],
+                               "options": {"fn": "abs"}}), "ENOMEM", "(max_memory)",
+           "the task's inline operands and results need 20000 bytes of cpu:0")
+    expect(d.call("buffer.share", {"size": 10000}), "ENOMEM", "(max_memory)")
+    check(not d.fds, "no descriptor with ENOMEM")
+    fd = memfd(10000)
+    expect(d.call("buffer.import", {"size": 10000}, fds=[fd]), "ENOMEM", "(max_memory)")
+    os.close(fd)
+    r = d.ok("hello", {"version": 1})
+    check(r["limits"]["cpu_memory_quota"] == 64 << 10, "the least bound %r" % r["limits"])
+    d.ok("buffer.create", {"device": "cpu:0", "size": 8304})
+
+
 @case("Quotas: max_user_partial", daemon="partial", check_alive=False)
 def partial(env):
     c = env.conn()
@@ -4970,6 +4999,8 @@ def main():
                "userclients": (["--max-user-clients", "2"], "cpu"),
                "deep": (["--max-depth", "40"], "cpu"),
                "quota": (["--max-conn-memory", "64K", "--max-user-memory", "96K"], "cpu"),
+               "memtotal": (["--max-memory", "96K", "--max-conn-memory", "64K",
+                             "--max-user-memory", "100%"], "cpu"),
                "partial": (["--max-user-partial", "1M"], "cpu"),
                "counts": ([], "cpu"),
                "jobs": ([], "cpu,vulkan"),
