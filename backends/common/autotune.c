@@ -24,8 +24,10 @@
 #define MAX_SAMPLES 64
 #define TABLE_BUCKETS 256
 #define TABLE_MAX_ENTRIES 4096
-/* Waiters re-check their cancel flag this often (ns). */
-#define WAIT_SLICE_NS 50000000L
+/* Waiters re-check their cancel flag this often (ns): a task waiting for
+ * another's tuning sees its cancel within 20 ms, as one waiting for an
+ * FFTW plan (docs/protocol.md, task.cancel). */
+#define WAIT_SLICE_NS 20000000L
 
 enum state { ST_EMPTY, ST_TUNING, ST_DONE };
 
@@ -508,9 +510,11 @@ int dspk__autotune_choose(struct dspk__cache *cache,
                           enum dspk__autotune_how *how) {
   struct dspk__tune_key k;
   enum dspk__autotune_how found = DSPK__AUTOTUNE_MEMO;
-  int rc = 0, w = -1;
+  int rc = 0, w = -1, waiting = 0, waited = 0;
+  char what[96];
   if (!valid(req) || !winner)
     return DSPK_EINVAL;
+  snprintf(what, sizeof what, "autotune %s", req->op ? req->op : "");
   make_tune_key(req, &k);
   struct dspk__hash hk = table_key(&k);
   uint64_t epoch = dspk__cache_epoch(cache);
@@ -533,12 +537,23 @@ int dspk__autotune_choose(struct dspk__cache *cache,
     }
     if (e->state == ST_DONE) {
       w = e->winner;
+      waited = waiting; /* its step ends here */
       break;
     }
     if (e->state == ST_TUNING) {
       if (cancelled(req)) {
         rc = DSPK_ECANCELED;
         break;
+      }
+      if (!waiting && req->progress) {
+        /* Waiting for another thread's tuning is this request's tuning
+         * step too (task.progress while a task waits for autotuning): its
+         * 0 now, its 1 when the decision comes.  Not under the lock. */
+        waiting = 1;
+        pthread_mutex_unlock(&table_mu);
+        req->progress(req->progress_ud, what, 0.0);
+        pthread_mutex_lock(&table_mu);
+        continue;
       }
       struct timespec until;
       clock_gettime(CLOCK_REALTIME, &until);
@@ -592,6 +607,8 @@ int dspk__autotune_choose(struct dspk__cache *cache,
   pthread_mutex_unlock(&table_mu);
   if (rc != 0)
     return rc;
+  if (waited && req->progress)
+    req->progress(req->progress_ud, what, 1.0);
   if (found == DSPK__AUTOTUNE_MEMO)
     dspk__cache_tune_used(cache, &k);
   *winner = w;

@@ -39,7 +39,13 @@
  * the next), so the plan comes from it when asked again.  The wait is a
  * tuning step of the task: progress "autotune fir: fftw plan" (or fft), 0
  * then 1 (its
- * task.progress notifications and its trace's tune phase).
+ * task.progress notifications and its trace's tune phase); so is a wait
+ * for the planner lock that such a measuring (or a background one) holds.
+ * The runner never waits for that lock without watching the cancel flag:
+ * the wisdom is stored, background plans adopted and a measured plan's
+ * cache slot freed only when the lock is free at once (or the slot taken
+ * before the measuring), and a closing device leaves its plans to the
+ * lock's holder (dspk__cpu_fftw_unlock destroys them).
  *
  * numpy's conventions: the forward transform is unnormalised, the inverse
  * divides by n; real input gives the n/2+1 non-negative frequencies.  Large
@@ -83,13 +89,110 @@
 
 static pthread_mutex_t fftw_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Plans whose owner could not wait for the planner lock (a runner closing
+ * its device while a measuring holds the lock: the daemon's stop must not
+ * wait for it), destroyed by the next holder as it unlocks.  grave_mu
+ * guards the list; it is taken inside fftw_mu or alone, never around it. */
+static pthread_mutex_t grave_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct dspk__cpu_plan *grave;
+static int ngrave, grave_cap;
+
+static void destroy_plan(struct dspk__cpu_plan *p);
+
 void dspk__cpu_fftw_lock(void) { pthread_mutex_lock(&fftw_mu); }
-void dspk__cpu_fftw_unlock(void) { pthread_mutex_unlock(&fftw_mu); }
+
+/* Destroys the plans left to the holder, then unlocks; plans left after
+ * its look but before it unlocked are destroyed by taking the lock again
+ * when nobody else holds it (else that holder destroys them). */
+void dspk__cpu_fftw_unlock(void) {
+  for (;;) {
+    pthread_mutex_lock(&grave_mu);
+    for (int i = 0; i < ngrave; i++)
+      destroy_plan(&grave[i]);
+    ngrave = 0;
+    pthread_mutex_unlock(&grave_mu);
+    pthread_mutex_unlock(&fftw_mu);
+    pthread_mutex_lock(&grave_mu);
+    int left = ngrave;
+    pthread_mutex_unlock(&grave_mu);
+    if (!left || pthread_mutex_trylock(&fftw_mu) != 0)
+      return;
+  }
+}
+
+/* 0 with the planner lock held, or nonzero when another thread holds it. */
+static int fftw_trylock(void) { return pthread_mutex_trylock(&fftw_mu); }
+
+/* Destroys the n plans at ps now when the planner lock is free, else
+ * leaves them to its holder (dspk__cpu_fftw_unlock): never waits for a
+ * measuring.  Waits only when out of memory for the list. */
+static void destroy_plans_soon(struct dspk__cpu_plan *ps, int n) {
+  int i = 0;
+  if (n <= 0)
+    return;
+  if (fftw_trylock() != 0) {
+    pthread_mutex_lock(&grave_mu);
+    if (ngrave + n > grave_cap) {
+      int cap = (ngrave + n) * 2;
+      struct dspk__cpu_plan *g = realloc(grave, (size_t)cap * sizeof *g);
+      if (g) {
+        grave = g;
+        grave_cap = cap;
+      }
+    }
+    for (; i < n && ngrave < grave_cap; i++)
+      if (ps[i].plan)
+        grave[ngrave++] = ps[i];
+    pthread_mutex_unlock(&grave_mu);
+    if (i == n && fftw_trylock() != 0)
+      return; /* its holder destroys them as it unlocks */
+    if (i < n)
+      dspk__cpu_fftw_lock(); /* no memory for the list: wait */
+  }
+  for (; i < n; i++)
+    destroy_plan(&ps[i]);
+  dspk__cpu_fftw_unlock();
+}
+
+/* A plan's tuning step of the running op (task.progress "autotune fir:
+ * fftw plan", 0 when the task starts to wait for a plan, 1 when it has
+ * it): waiting for the planner lock that another measuring holds (a
+ * canceled task's, or a background one) is the same step as measuring
+ * the plan itself, so a task gets one 0 and one 1 a plan either way. */
+struct plan_step {
+  struct dspk__dev *dev;
+  int open;
+  char what[48];
+};
+
+static void step_open(struct plan_step *st) {
+  struct dspk__opctx *ctx = st->dev->ctx;
+  if (st->open)
+    return;
+  st->open = 1;
+  /* "autotune fir: fftw plan": the op's name, as every tuning step's. */
+  snprintf(st->what, sizeof st->what, "autotune %s: fftw plan",
+           st->dev->op_kind == DSPK_OP_FIR ? "fir" : "fft");
+  if (ctx && ctx->progress)
+    ctx->progress(ctx->progress_ud, st->what, 0.0);
+}
+
+static void step_close(struct plan_step *st) {
+  struct dspk__opctx *ctx = st->dev->ctx;
+  if (st->open && ctx && ctx->progress)
+    ctx->progress(ctx->progress_ud, st->what, 1.0);
+  st->open = 0;
+}
 
 /* The planner lock for the runner: polls the running op's cancel flag
- * every 20 ms while a background measuring holds the lock.  0 or
- * DSPK_ECANCELED. */
-static int fftw_lock_op(struct dspk__dev *dev) {
+ * every 20 ms while another thread (a measuring, in the background or
+ * for a canceled task) holds the lock, the wait a step of the op (st).
+ * 0 or DSPK_ECANCELED. */
+static int fftw_lock_op(struct dspk__dev *dev, struct plan_step *st) {
+  if (fftw_trylock() == 0)
+    return 0;
+  if (dev->ctx)
+    step_open(st);
   for (;;) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -168,10 +271,9 @@ void dspk__cpu_fft_release(struct dspk__dev *dev) {
     dev->nplans = 0;
     return;
   }
-  dspk__cpu_fftw_lock();
-  for (int i = 0; i < dev->nplans; i++)
-    destroy_plan(&dev->plans[i]);
-  dspk__cpu_fftw_unlock();
+  /* A measuring for a canceled task may hold the planner for seconds:
+   * the close (the daemon's stop) does not wait for it. */
+  destroy_plans_soon(dev->plans, dev->nplans);
   dev->nplans = 0;
 }
 
@@ -279,16 +381,16 @@ static struct dspk__cpu_plan *plan_slot(struct dspk__dev *dev) {
 
 /* ---- background measuring ------------------------------------------------ */
 
-/* Frees r and the plans it measured; its thread is done or is the caller. */
+/* Frees r and the plans it measured; its thread is done or is the caller.
+ * Does not wait for the planner lock (destroy_plans_soon). */
 static void refine_free(struct dspk__cpu_refine *r) {
-  dspk__cpu_fftw_lock();
-  for (int i = 0; i < r->ndone; i++) {
-    struct dspk__cpu_plan p = {.dbl = r->done[i].k.dbl, .plan = r->done[i].plan};
-    destroy_plan(&p);
-  }
+  struct dspk__cpu_plan ps[REFINE_MAX + DSPK__CPU_PLANS];
+  int n = 0;
+  for (int i = 0; i < r->ndone; i++)
+    ps[n++] = (struct dspk__cpu_plan){.dbl = r->done[i].k.dbl, .plan = r->done[i].plan};
   for (int i = 0; i < r->norphans; i++)
-    destroy_plan(&r->orphans[i]);
-  dspk__cpu_fftw_unlock();
+    ps[n++] = r->orphans[i];
+  destroy_plans_soon(ps, n);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->idle);
   free(r);
@@ -521,15 +623,19 @@ void dspk__cpu_fft_adopt(struct dspk__dev *dev) {
     return;
   pthread_mutex_lock(&r->mu);
   n = r->ndone;
+  pthread_mutex_unlock(&r->mu);
+  /* The planner held (a measuring for a canceled task): adopted after a
+   * later op, for this op's cancel is not looked at here. */
+  if (n == 0 || fftw_trylock() != 0)
+    return;
+  pthread_mutex_lock(&r->mu);
+  n = r->ndone;
   for (int i = 0; i < n; i++) {
     keys[i] = r->done[i].k;
     plans[i] = r->done[i].plan;
   }
   r->ndone = 0;
   pthread_mutex_unlock(&r->mu);
-  if (n == 0)
-    return;
-  dspk__cpu_fftw_lock();
   for (int i = 0; i < n; i++) {
     struct plan_key *k = &keys[i];
     struct dspk__cpu_plan *slot = NULL;
@@ -618,6 +724,27 @@ static void for_task_unref(struct for_task *a) {
   }
 }
 
+#ifdef DSPK_TEST_HOOKS
+/* Test builds, DSPK_CPU_FFTW_TASK_GATE=DIR: the k-th measuring for a task
+ * (counted from 1 as their threads start) holds the planner lock, before
+ * it measures, until the file DIR/k exists, so that a test keeps a
+ * measuring going as long as it likes (tests/daemon planwait). */
+static atomic_int gate_count;
+static void task_gate(void) {
+  const char *dir = DSPK_TEST_HOOK("DSPK_CPU_FFTW_TASK_GATE");
+  if (!dir)
+    return;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%d", dir, atomic_fetch_add(&gate_count, 1) + 1);
+  while (access(path, F_OK) != 0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+#else
+static void task_gate(void) {}
+#endif
+
 static void *for_task_main(void *arg) {
   struct for_task *a = arg;
   int measured = 0, unused = 0;
@@ -630,6 +757,7 @@ static void *for_task_main(void *arg) {
     pthread_mutex_unlock(&a->mu);
   }
   dspk__cpu_fftw_lock();
+  task_gate();
   void *plan = make_plan(a->kind, a->dbl, a->n, a->batch, a->inplace, a->aligned, a->flags, 0,
                          FFTW_NO_TIMELIMIT, &measured, &unused, NULL);
   pthread_mutex_lock(&a->mu);
@@ -654,14 +782,18 @@ static void *for_task_main(void *arg) {
  * (its thread takes it): the plan, *measured set when it made wisdom; NULL
  * when FFTW failed or the op was canceled meanwhile. */
 static void *measure_for_task(struct dspk__dev *dev, int kind, int dbl, int n, int batch,
-                              int inplace, int aligned, unsigned flags, int *measured) {
+                              int inplace, int aligned, unsigned flags, int *measured,
+                              struct plan_step *st) {
   struct dspk__opctx *ctx = dev->ctx;
-  struct for_task *a = calloc(1, sizeof *a);
+  struct for_task *a;
   pthread_attr_t attr;
   pthread_t th;
   void *plan = NULL;
   int started = 0;
 
+  if (dspk__cpu_canceled(ctx))
+    return NULL; /* canceled while it waited for the planner: nothing to start */
+  a = calloc(1, sizeof *a);
   if (a) {
     *a = (struct for_task){.refs = 2, .kind = kind, .dbl = dbl, .n = n, .batch = batch,
                            .inplace = inplace, .aligned = aligned, .flags = flags};
@@ -688,12 +820,7 @@ static void *measure_for_task(struct dspk__dev *dev, int kind, int dbl, int n, i
     dspk__cpu_fftw_unlock();
     return plan;
   }
-  /* "autotune fir: fftw plan": the op's name, as every tuning step's. */
-  char what[48];
-  snprintf(what, sizeof what, "autotune %s: fftw plan",
-           dev->op_kind == DSPK_OP_FIR ? "fir" : "fft");
-  if (ctx && ctx->progress)
-    ctx->progress(ctx->progress_ud, what, 0.0);
+  step_open(st);
   pthread_mutex_lock(&a->mu);
   while (!a->done) {
     struct timespec ts;
@@ -710,14 +837,11 @@ static void *measure_for_task(struct dspk__dev *dev, int kind, int dbl, int n, i
       break;
     }
   }
-  int done = a->done;
   plan = a->plan;
   *measured = a->measured;
   a->plan = NULL;
   pthread_mutex_unlock(&a->mu);
   for_task_unref(a);
-  if (done && ctx && ctx->progress)
-    ctx->progress(ctx->progress_ud, what, 1.0);
   return plan;
 }
 
@@ -739,8 +863,9 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
     }
   }
   unsigned flags = dspk__cpu_fft_flags(dev, kind, dbl, n, batch);
-  if (fftw_lock_op(dev) != 0)
-    return NULL; /* canceled while a background measuring held the planner */
+  struct plan_step st = {.dev = dev};
+  if (fftw_lock_op(dev, &st) != 0)
+    return NULL; /* canceled while another measuring held the planner */
   int measured = 0, need_measure = 0, apart = 0;
   if (atomic_exchange(&for_task_wisdom, 0))
     dev->wisdom_dirty = 1; /* a canceled task's measuring: store its wisdom */
@@ -748,17 +873,26 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
    * that the op's cancel is seen meanwhile. */
   void *plan = make_plan(kind, dbl, n, batch, inplace, aligned, flags, 1,
                          FFTW_NO_TIMELIMIT, &measured, &need_measure, dev->ctx ? &apart : NULL);
+  struct dspk__cpu_plan *slot = NULL;
   if (!plan && apart) {
+    /* Its slot taken now, under the lock (a plan evicted is destroyed):
+     * after the measuring the lock may be another measuring's for
+     * seconds, which the task does not wait for.  An empty slot (n 0)
+     * matches no plan and is the first one evicted. */
+    slot = plan_slot(dev);
+    *slot = (struct dspk__cpu_plan){.plan = NULL};
     dspk__cpu_fftw_unlock();
-    plan = measure_for_task(dev, kind, dbl, n, batch, inplace, aligned, flags, &measured);
+    plan = measure_for_task(dev, kind, dbl, n, batch, inplace, aligned, flags, &measured,
+                            &st);
     if (!plan)
       return NULL; /* canceled (the caller checks), or FFTW failed */
-    dspk__cpu_fftw_lock(); /* for its slot (a plan evicted is destroyed) */
+  } else {
+    slot = plan ? plan_slot(dev) : NULL;
+    dspk__cpu_fftw_unlock();
   }
-  struct dspk__cpu_plan *slot = plan ? plan_slot(dev) : NULL;
-  dspk__cpu_fftw_unlock();
   if (!plan)
     return NULL;
+  step_close(&st);
   *slot = (struct dspk__cpu_plan){.kind = kind, .dbl = dbl, .inplace = inplace,
                                   .aligned = aligned, .n = n, .batch = batch,
                                   .plan = plan, .last_use = now};
@@ -798,8 +932,14 @@ void dspk__cpu_fft_wisdom_flush(struct dspk__dev *dev) {
     if (busy)
       return;
   }
+  /* Nor does it wait for a measuring for a canceled task, which holds the
+   * lock for seconds: a canceled op's answer, and the next task, would
+   * wait for it (probe 21 A1).  Stored after a later op. */
+  if (fftw_trylock() != 0)
+    return;
   dev->wisdom_dirty = 0;
-  dspk__cpu_tune_wisdom_save(dev); /* best effort: a failure costs a re-plan */
+  dspk__cpu_tune_wisdom_save_locked(dev); /* best effort: a failure costs a re-plan */
+  dspk__cpu_fftw_unlock();
 }
 
 int dspk__cpu_fft_aligned(int dbl, const void *p) {

@@ -345,7 +345,10 @@ static int64_t good_size(int64_t n) {
     void *hsv = NULL; /* the taps scaled for DIRECT, or NULL */                \
     int eh = 0;                                                                \
     void *pf = dspk__cpu_fft_plan(dev, fk, DBL, (int)L, 1, 0, 1);              \
-    void *pb = dspk__cpu_fft_plan(dev, bk, DBL, (int)L, 1, 0, 1);              \
+    /* canceled during the first plan: no second one to wait for */           \
+    void *pb = pf || !dspk__cpu_canceled(ctx)                                  \
+                   ? dspk__cpu_fft_plan(dev, bk, DBL, (int)L, 1, 0, 1)         \
+                   : NULL;                                                     \
     if (buf && spec && hs && tmp && (!pf || !pb) && dspk__cpu_canceled(ctx)) { \
       rc = DSPK_ECANCELED;                                                     \
       goto out;                                                                \

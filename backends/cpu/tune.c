@@ -365,7 +365,14 @@ int dspk__cpu_tune_wisdom_save(struct dspk__dev *dev) {
   if (!dev || !dev->env.cache)
     return 0;
   dspk__cpu_fftw_lock();
-  int rc = dspk__fftw_wisdom_save(dev->env.cache);
+  int rc = dspk__cpu_tune_wisdom_save_locked(dev);
   dspk__cpu_fftw_unlock();
   return rc;
+}
+
+/* See tune.h. */
+int dspk__cpu_tune_wisdom_save_locked(struct dspk__dev *dev) {
+  if (!dev || !dev->env.cache)
+    return 0;
+  return dspk__fftw_wisdom_save(dev->env.cache);
 }

@@ -57,5 +57,8 @@ int dspk__cpu_tune_wisdom_load(struct dspk__dev *dev);
  * with FFTW_MEASURE).  Takes the FFTW lock: call it without holding it.
  * Returns the number of blobs written or a negative dspk_errno. */
 int dspk__cpu_tune_wisdom_save(struct dspk__dev *dev);
+/* The same, for a caller that holds the FFTW lock (one that would rather
+ * not wait for it: dspk__cpu_fft_wisdom_flush). */
+int dspk__cpu_tune_wisdom_save_locked(struct dspk__dev *dev);
 
 #endif /* DSPK_BACKENDS_CPU_TUNE_H */

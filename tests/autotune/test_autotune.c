@@ -452,6 +452,84 @@ static void test_progress(void **state) {
   assert_int_equal(p.calls, 0);
 }
 
+/* A waiter's progress: its 0 signaled to the test, which waits for it. */
+struct wprog {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  double f[8];
+  int n;
+  char what[64];
+};
+
+static void on_wprog(void *ud, const char *what, double f) {
+  struct wprog *p = ud;
+  pthread_mutex_lock(&p->mu);
+  if (p->n < 8)
+    p->f[p->n] = f;
+  p->n++;
+  snprintf(p->what, sizeof p->what, "%s", what);
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+struct pworker {
+  struct wprog *p;
+  int rc, winner;
+  enum dspk__autotune_how how;
+};
+
+static void *pworker_main(void *arg) {
+  struct pworker *wk = arg;
+  struct dspk__autotune_req r = base_req();
+  r.progress = on_wprog;
+  r.progress_ud = wk->p;
+  wk->rc = dspk__autotune_choose(NULL, &r, &opts, &wk->winner, &wk->how);
+  return NULL;
+}
+
+/* A request that waits for another's tuning of its key reports the wait as
+ * its tuning step: a 0 when it starts to wait, a 1 when the decision
+ * comes (probe 21 A2: it reported nothing, the task seemed hung). */
+static void test_waiter_progress(void **state) {
+  (void)state;
+  atomic_int entered = 0;
+  struct worker tuner = {.entered = &entered};
+  struct wprog p = {.n = 0};
+  struct pworker waiter = {.p = &p};
+  pthread_mutex_init(&p.mu, NULL);
+  pthread_cond_init(&p.cv, NULL);
+  F.gate_closed = 1;
+  pthread_t t1, t2;
+  assert_int_equal(pthread_create(&t1, NULL, worker_main, &tuner), 0);
+  pthread_mutex_lock(&F.mu);
+  while (!F.in_run)
+    pthread_cond_wait(&F.cv, &F.mu);
+  pthread_mutex_unlock(&F.mu);
+  /* The tuner is blocked inside its run: the waiter reports its 0. */
+  assert_int_equal(pthread_create(&t2, NULL, pworker_main, &waiter), 0);
+  pthread_mutex_lock(&p.mu);
+  while (p.n < 1)
+    pthread_cond_wait(&p.cv, &p.mu);
+  assert_int_equal(p.n, 1);
+  assert_true(p.f[0] == 0.0);
+  pthread_mutex_unlock(&p.mu);
+  pthread_mutex_lock(&F.mu);
+  F.gate_closed = 0;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  assert_int_equal(tuner.rc, 0);
+  assert_int_equal(waiter.rc, 0);
+  assert_int_equal(waiter.how, DSPK__AUTOTUNE_WAITED);
+  assert_int_equal(waiter.winner, tuner.winner);
+  assert_int_equal(p.n, 2);
+  assert_true(p.f[1] == 1.0);
+  assert_string_equal(p.what, "autotune fir");
+  pthread_mutex_destroy(&p.mu);
+  pthread_cond_destroy(&p.cv);
+}
+
 static void test_persistent_across_reopen(void **state) {
   (void)state;
   char dir[] = "/tmp/dspk-autotune-XXXXXX";
@@ -649,6 +727,7 @@ int main(void) {
       T(test_single_flight),
       T(test_cancel),
       T(test_progress),
+      T(test_waiter_progress),
       T(test_persistent_across_reopen),
       T(test_bad_requests),
       T(test_interleaved),

@@ -1426,6 +1426,101 @@ def t_planstep(exe, tmp):
     d.stop()
 
 
+def t_planwait(exe, tmp):
+    """A task that waits on an FFTW plan another task measures (docs/protocol.md,
+    task.cancel and task.progress; probe 21 A1, A2).  The test hook
+    DSPK_CPU_FFTW_TASK_GATE holds the k-th measuring for a task, with the
+    planner lock, until the file GATE/k exists, so each answer below comes while
+    a measuring is held, whatever the machine's speed.  A fir on cpu:0 (2 rows
+    of 46952 f32, 2974 taps: the FFT path, blocks of 23814 points, a forward
+    and an inverse plan) canceled while its first plan is measured answers
+    ECANCELED.  The same fir again waits for that measuring: it gets the plan's
+    0 (it had no progress) and answers ECANCELED at once when canceled.  A third
+    gets its 0, its 1 when the measuring ends and the plan comes from its
+    wisdom, then a 0 for the inverse plan, measured for it (held); canceled
+    there it answered only once that measuring ended (the runner waited for the
+    planner to store the first plan's wisdom): now at once.  A connection closed
+    while its fft waits for the planner leaves cpu:0 free for the next task.
+    The fir once both plans are measured: its result.  The stop, while a
+    measuring is held: it waited for it (the device's close destroyed its plans
+    under the planner lock), now it does not."""
+    gate = os.path.join(tmp, "planwait-gate")
+    os.mkdir(gate)
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "planwait.db")],
+               env=dict(os.environ, DSPK_CPU_FFTW_TASK_GATE=gate))
+    c = d.client()
+    rng = np.random.default_rng(21)
+    X = rng.standard_normal((2, 46952)).astype(np.float32)
+    H = rng.standard_normal(2974).astype(np.float32)
+    task = {"op": "fir", "device": "cpu:0", "inputs": [tensor(X), tensor(H)]}
+
+    def steps(cl, mid):
+        return [(n[2][0]["what"], n[2][0]["fraction"]) for n in cl.notifications
+                if n[1] == "task.progress" and n[2][0]["msgid"] == mid]
+
+    def until(cl, pred):
+        while not pred():
+            cl.pump()
+
+    def open_gate(k):
+        with open(os.path.join(gate, str(k)), "w"):
+            pass
+
+    fir0 = ("autotune fir: fftw plan", 0.0)
+    fir1 = ("autotune fir: fftw plan", 1.0)
+    # 1: canceled while its forward plan is measured (measuring 1, held).
+    m1 = c.send("task.run", task)
+    until(c, lambda: steps(c, m1) or m1 in c.responses)
+    check(steps(c, m1) == [fir0] and m1 not in c.responses, "task 1 measures: %r" % steps(c, m1))
+    check(c.call("task.cancel", {"msgid": m1})["canceled"], "task 1 canceled")
+    check(c.outcome(m1) == "ECANCELED", "task 1 answers ECANCELED while its plan is measured")
+    # 2: waits for measuring 1 (the planner is its): a 0, then canceled at once.
+    m2 = c.send("task.run", task)
+    until(c, lambda: steps(c, m2) or m2 in c.responses)
+    check(steps(c, m2) == [fir0] and m2 not in c.responses,
+          "task 2 waiting for another task's measuring has its progress: %r" % steps(c, m2))
+    check(c.call("task.cancel", {"msgid": m2})["canceled"], "task 2 canceled")
+    check(c.outcome(m2) == "ECANCELED", "task 2 answers ECANCELED while it waits")
+    # 3: waits for measuring 1, which then ends: a 1; its inverse plan is
+    # measuring 2 (held): a 0; canceled there.
+    m3 = c.send("task.run", task)
+    until(c, lambda: steps(c, m3) or m3 in c.responses)
+    check(steps(c, m3) == [fir0] and m3 not in c.responses, "task 3 waits: %r" % steps(c, m3))
+    open_gate(1)
+    until(c, lambda: len(steps(c, m3)) >= 3 or m3 in c.responses)
+    check(steps(c, m3) == [fir0, fir1, fir0] and m3 not in c.responses,
+          "task 3: its forward plan, then its inverse one measured: %r" % steps(c, m3))
+    check(c.call("task.cancel", {"msgid": m3})["canceled"], "task 3 canceled")
+    check(c.outcome(m3) == "ECANCELED", "task 3 answers ECANCELED while its plan is measured")
+    # A connection closed while its fft waits for the planner (measuring 2).
+    c2 = d.client()
+    Z = rng.standard_normal(10007) + 1j * rng.standard_normal(10007)
+    m4 = c2.send("task.run", {"op": "fft", "device": "cpu:0", "inputs": [tensor(Z)]})
+    until(c2, lambda: steps(c2, m4) or m4 in c2.responses)
+    check(steps(c2, m4) == [("autotune fft: fftw plan", 0.0)] and m4 not in c2.responses,
+          "the fft waits for the planner: %r" % steps(c2, m4))
+    c2.close()
+    A = rng.standard_normal(100)
+    close_enough(run(c, "map", [A], {"fn": "abs"})[0], np.abs(A), "cpu:0 free after the close",
+                 np.float64)
+    # The fir once measuring 2 may end: its result.
+    open_gate(2)
+    m5 = c.send("task.run", task)
+    y = array(c.wait(m5)["outputs"][0])
+    fr = steps(c, m5)
+    check(fr == [fir0, fir1] * (len(fr) // 2), "a 0 and a 1 for each plan waited for: %r" % fr)
+    want = np.stack([np.convolve(X[r].astype(np.float64), H.astype(np.float64))[:X.shape[1]]
+                     for r in range(2)])
+    close_enough(y, want, "fir", np.float32)
+    # The stop while the fft's plan is measured (measuring 3, held).
+    m6 = c.send("task.run", {"op": "fft", "device": "cpu:0", "inputs": [tensor(Z)]})
+    until(c, lambda: steps(c, m6) or m6 in c.responses)
+    check(steps(c, m6) == [("autotune fft: fftw plan", 0.0)] and m6 not in c.responses,
+          "the fft measures its plan: %r" % steps(c, m6))
+    d.stop()
+    c.close()
+
+
 def t_limits(exe, tmp):
     """Per-connection limits: max_clients, max_buffers, max_rank/max_elements
     as configured, and hello reporting them."""
@@ -6218,6 +6313,7 @@ GROUPS = {
     "logstall": t_logstall,
     "loglevels": t_loglevels,
     "planstep": t_planstep,
+    "planwait": t_planwait,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
     "stopheld": t_stopheld,

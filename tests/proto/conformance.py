@@ -797,6 +797,47 @@ def hello(env):
     still_open(c)
 
 
+@case("hello: sent again (each applies the fields it carries; a failed one changes nothing)")
+def hello_again(env):
+    c, admin = env.conn(), env.conn()
+
+    def me():
+        return [x for x in c.ok("status")["clients"] if x["self"]][0]
+
+    def hello(args):
+        return c.ok("hello", args)["client_id"]
+
+    cid = me()["id"]
+    check(me()["name"] == "", "no hello: no name")
+    check(hello({}) == cid and me()["name"] == "", "a hello without client: still no name")
+    check(hello({"client": "first"}) == cid and me()["name"] == "first", "named")
+    check(hello({"client": "second"}) == cid and me()["name"] == "second", "renamed")
+    check(hello({}) == cid and me()["name"] == "second", "a hello without client keeps it")
+    check(hello({"client": None, "version": 1}) == cid and me()["name"] == "second",
+          "client nil: absent")
+    # A hello that fails changes nothing, whatever else it carries.
+    expect(c.call("hello", {"version": 2, "client": "third"}), "EVERSION")
+    expect(c.call("hello", {"client": "x" * 64}), "ELIMIT", "client")
+    expect(c.call("hello", {"client": "fourth", "job": 0}), "EINVAL", "job")
+    check(me()["name"] == "second", "failed hellos kept the name: %r" % me()["name"])
+    check(hello({"client": ""}) == cid and me()["name"] == "", "an empty client: the empty name")
+    # job: the last hello's before the first request that needs a device,
+    # ignored after it; a hello without job keeps the one named.
+    admin.ok("job.register", {"job": 91, "uid": os.getuid()})
+    hello({"job": 90})
+    hello({"job": 91})
+    hello({"client": "j"})
+    check(me()["job"] is None, "no job before a device request: %r" % me()["job"])
+    c.ok("buffer.create", {"device": "cpu:0", "size": 8})
+    check(me()["job"] == 91, "the last hello's job: %r" % me()["job"])
+    hello({"job": 92})
+    c.ok("buffer.create", {"device": "cpu:0", "size": 8})
+    check(me()["job"] == 91 and me()["name"] == "j", "a later job ignored: %r" % me())
+    admin.ok("job.end", {"job": 91})
+    c.close()
+    admin.close()
+
+
 @case("ping: echo; bin")
 def ping(env):
     c = env.conn()
