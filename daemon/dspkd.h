@@ -787,6 +787,15 @@ bool dspkd_maps_needed(const struct device *dev, uint64_t size, bool shared);
  * the clients' share of vm.max_map_count: the daemon's shortage, logged),
  * what names the request (method). */
 int dspkd_maps_check(struct req *r, const char *method);
+/* A refusal for a shortage of the daemon's (what: its words; section: the
+ * docs/admin.md section that explains it), logged as a warning naming the
+ * peer at most once a minute per rl, the others at debug with a count in
+ * the next warning, so that clients cannot flood the log.  Loop thread. */
+struct dspkd_ratelog {
+  uint64_t last_ms, unlogged;
+};
+void dspkd_log_shortage(struct dspkd_ratelog *rl, const struct conn *c, const char *what,
+                        const char *section);
 /* Loop: counts b's mapping on its connection's user and the daemon. */
 void dspkd_maps_take(struct conn *c, struct dbuf *b);
 /* Runner (or loop): b's mapping is gone: its count is lowered. */

@@ -263,23 +263,9 @@ static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint6
   return DSPK_ELIMIT;
 }
 
-/* Logs a refusal for all users' memory (what: its words) as shm.c logs the
- * daemon's shortage of mappings: a warning at most once a minute, the rest
- * at debug, so that clients cannot flood the log. */
-static void log_shortage(const struct conn *c, const char *what) {
-  static uint64_t last_ms, unlogged;
-  uint64_t now = dspkd_now_ms();
-  if (last_ms && now - last_ms < 60000) {
-    unlogged++;
-    dspkd_debug("client %llu: %s", (unsigned long long)c->id, what);
-    return;
-  }
-  dspkd_warn(DSPKD_PEER_FMT ": %s (%llu more since the last such line; logged at most once a "
-             "minute; docs/admin.md, \"Device memory\")", DSPKD_PEER_ARGS(c), what,
-             (unsigned long long)unlogged);
-  last_ms = now;
-  unlogged = 0;
-}
+/* Refusals for all users' memory: logged as the daemon's shortage of
+ * mappings is (dspkd_log_shortage). */
+static struct dspkd_ratelog mem_shortage; /* the loop thread's */
 
 int dspkd_quota_check(const struct job *j, char *msg, size_t len, bool *logged) {
   const struct conn *c = j->conn;
@@ -314,7 +300,7 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len, bool *logged) 
              " of the %" PRIu64 " the daemon gives clients there (max_memory): the daemon's "
              "memory is taken, not this client's fault; try again later", what, need,
              need == 1 ? "" : "s", j->dev->id, held, lim);
-    log_shortage(c, msg);
+    dspkd_log_shortage(&mem_shortage, c, msg, "Device memory");
     *logged = true;
     return DSPK_ENOMEM;
   }

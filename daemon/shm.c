@@ -434,22 +434,25 @@ bool dspkd_maps_needed(const struct device *dev, uint64_t size, bool shared) {
   return shared || (strcmp(dev->be->name, "cpu") == 0 && size >= DSPKD_CPU_MAP_MIN);
 }
 
-/* Logs a refusal for the daemon's own shortage (what: its words): a
- * warning at most once a minute, the rest at debug, so that a client cannot
- * flood the log (as log_lost does for descriptors). */
-static void log_shortage(struct conn *c, const char *what) {
-  static uint64_t last_ms, unlogged;
+void dspkd_log_shortage(struct dspkd_ratelog *rl, const struct conn *c, const char *what,
+                        const char *section) {
   uint64_t now = dspkd_now_ms();
-  if (last_ms && now - last_ms < 60000) {
-    unlogged++;
+  if (rl->last_ms && now - rl->last_ms < 60000) {
+    rl->unlogged++;
     dspkd_debug("client %llu: %s", (unsigned long long)c->id, what);
     return;
   }
   dspkd_warn(DSPKD_PEER_FMT ": %s (%llu more since the last such line; logged at most once a "
-             "minute; docs/admin.md, \"Memory mappings\")", DSPKD_PEER_ARGS(c), what,
-             (unsigned long long)unlogged);
-  last_ms = now;
-  unlogged = 0;
+             "minute; docs/admin.md, \"%s\")", DSPKD_PEER_ARGS(c), what,
+             (unsigned long long)rl->unlogged, section);
+  rl->last_ms = now;
+  rl->unlogged = 0;
+}
+
+static struct dspkd_ratelog maps_shortage; /* the loop thread's */
+
+static void log_shortage(struct conn *c, const char *what) {
+  dspkd_log_shortage(&maps_shortage, c, what, "Memory mappings");
 }
 
 int dspkd_maps_check(struct req *r, const char *method) {

@@ -28,6 +28,7 @@
 #include "backends/common/kcompile.h"
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
+#include "proto/codec.h"
 #include "proto/utf8.h"
 
 /* The validator's message as echoed: it may quote the module's own strings
@@ -68,13 +69,15 @@ int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
   } else if (vr != SPV_SUCCESS) {
     /* The validator's text, not a client's string: its first ECHO_MAX
      * bytes (cut at a character, then "..."), made one line as a compiler's
-     * log is when the answer is packed (dspk__one_line: lines joined with
-     * "; "). */
+     * log is (dspk__one_line: lines joined with "; "). */
     const char *text = diag && diag->error ? diag->error : "";
     size_t n = strlen(text), k = dspk__utf8_cut(text, n, ECHO_MAX);
+    char head[ECHO_MAX + 1], line[3 * ECHO_MAX + 1];
+    memcpy(head, text, k);
+    head[k] = '\0';
+    line[dspk__one_line(line, head)] = '\0';
     r = dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: invalid SPIR-V module (spirv-val, %s): "
-                   "%.*s%s", envname, (int)(n ? k : 7), n ? text : "refused",
-                   k < n ? "..." : "");
+                   "%s%s", envname, line[0] ? line : "refused", k < n ? "..." : "");
   }
   spvDiagnosticDestroy(diag);
   spvValidatorOptionsDestroy(opt);
