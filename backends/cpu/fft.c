@@ -760,20 +760,28 @@ static void *for_task_main(void *arg) {
   task_gate();
   void *plan = make_plan(a->kind, a->dbl, a->n, a->batch, a->inplace, a->aligned, a->flags, 0,
                          FFTW_NO_TIMELIMIT, &measured, &unused, NULL);
+  /* The planner lock goes before the task hears of its plan: the runner
+   * stores the wisdom right after its op with a trylock (it never waits for
+   * a measuring), which would find the lock still this thread's and leave
+   * the wisdom unstored until a later op. */
+  dspk__cpu_fftw_unlock();
   pthread_mutex_lock(&a->mu);
-  if (a->abandoned) { /* its task was canceled: the wisdom stays, not the plan */
-    struct dspk__cpu_plan p = {.dbl = a->dbl, .plan = plan};
-    destroy_plan(&p);
-    if (measured)
-      atomic_store(&for_task_wisdom, 1);
-  } else {
+  int orphan = a->abandoned;
+  if (!orphan) {
     a->plan = plan;
     a->measured = measured;
   }
   a->done = 1;
   pthread_cond_signal(&a->cv);
   pthread_mutex_unlock(&a->mu);
-  dspk__cpu_fftw_unlock();
+  if (orphan) { /* its task was canceled: the wisdom stays, not the plan */
+    struct dspk__cpu_plan p = {.dbl = a->dbl, .plan = plan};
+    dspk__cpu_fftw_lock();
+    destroy_plan(&p);
+    if (measured)
+      atomic_store(&for_task_wisdom, 1);
+    dspk__cpu_fftw_unlock();
+  }
   for_task_unref(a);
   return NULL;
 }
