@@ -736,9 +736,18 @@ def ending_job(d, admin, job, n=1536, held=False):
     # Both waits are bounded: a gemm that ended before status showed the job
     # ending would otherwise leave them spinning for good (seen once on a
     # loaded machine).
+    # Running, not only in flight: a gemm still queued when job.end comes is
+    # canceled at once, and the job ends before status shows it ending (seen
+    # under a loaded ctest -j2: "status: None").
     deadline = time.monotonic() + 120
-    while not (status_job(admin, job) or {}).get("inflight"):
-        check(time.monotonic() < deadline, "job %d: its gemm never showed in flight" % job)
+
+    def running():
+        st = admin.call("status", {})
+        dev = [x for x in st["devices"] if x["id"] == gpu["id"]][0]
+        return dev["running"] >= 1 and any(j["job"] == job and j["inflight"]
+                                           for j in st["jobs"])
+    while not running():
+        check(time.monotonic() < deadline, "job %d: its gemm never showed running" % job)
     ender = d.client()
     first = ender.send("job.end", {"job": job})
     while True:
