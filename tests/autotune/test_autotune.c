@@ -325,6 +325,16 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* Starts tuner on *t and waits (on events) until it is inside its run,
+ * where the closed gate holds it. */
+static void start_tuner(pthread_t *t, struct worker *tuner) {
+  assert_int_equal(pthread_create(t, NULL, worker_main, tuner), 0);
+  pthread_mutex_lock(&F.mu);
+  while (!F.in_run)
+    pthread_cond_wait(&F.cv, &F.mu);
+  pthread_mutex_unlock(&F.mu);
+}
+
 static void test_single_flight(void **state) {
   (void)state;
   enum { N = 6 };
@@ -401,11 +411,7 @@ static void test_cancel(void **state) {
   struct worker tuner = {.entered = &entered}, waiter = {.entered = &entered,
                                                          .cancel = &wcancel};
   pthread_t t1, t2;
-  assert_int_equal(pthread_create(&t1, NULL, worker_main, &tuner), 0);
-  pthread_mutex_lock(&F.mu);
-  while (!F.in_run)
-    pthread_cond_wait(&F.cv, &F.mu);
-  pthread_mutex_unlock(&F.mu);
+  start_tuner(&t1, &tuner);
   /* The tuner is blocked inside its run: the waiter must see TUNING. */
   assert_int_equal(pthread_create(&t2, NULL, worker_main, &waiter), 0);
   pthread_join(t2, NULL);
@@ -500,11 +506,7 @@ static void test_waiter_progress(void **state) {
   pthread_cond_init(&p.cv, NULL);
   F.gate_closed = 1;
   pthread_t t1, t2;
-  assert_int_equal(pthread_create(&t1, NULL, worker_main, &tuner), 0);
-  pthread_mutex_lock(&F.mu);
-  while (!F.in_run)
-    pthread_cond_wait(&F.cv, &F.mu);
-  pthread_mutex_unlock(&F.mu);
+  start_tuner(&t1, &tuner);
   /* The tuner is blocked inside its run: the waiter reports its 0. */
   assert_int_equal(pthread_create(&t2, NULL, pworker_main, &waiter), 0);
   pthread_mutex_lock(&p.mu);

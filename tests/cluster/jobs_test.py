@@ -274,6 +274,20 @@ def metrics(c):
     return c.call("metrics", {})
 
 
+def small_tmpfs(tmp, what):
+    """A 64 KiB tmpfs mounted at tmp/full, for state files that cannot be written (the
+    caller unmounts it); None, said, where it cannot be mounted (root without
+    CAP_SYS_ADMIN, an unprivileged container): then what did not run."""
+    mnt = os.path.join(tmp, "full")
+    os.mkdir(mnt)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", mnt],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print("cannot mount a tmpfs (%s): %s did not run" % (p.stderr.strip(), what))
+        return None
+    return mnt
+
+
 def status_job(c, job):
     for j in c.call("status", {})["jobs"]:
         if j["job"] == job:
@@ -1274,13 +1288,8 @@ def restart(exe, submit, tmp, gpu, cpu):
 
     # A state file that cannot be written (a full tmpfs): job.register and job.end
     # fail with EIO naming it, and nothing changes.
-    mnt = os.path.join(tmp, "full")
-    os.mkdir(mnt)
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", mnt],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        # Root without CAP_SYS_ADMIN (an unprivileged container): said, not failed.
-        print("cannot mount a tmpfs (%s): the full-disk check did not run" % p.stderr.strip())
+    mnt = small_tmpfs(tmp, "the full-disk check")
+    if mnt is None:
         return
     try:
         fstate = os.path.join(mnt, "jobs.state")
@@ -1496,12 +1505,8 @@ def ended_list(exe, tmp):
 
     # A job.end or job.register that cannot be written changes nothing of the list: the
     # oldest dropped for an end comes back, a requeued job goes back to its place.
-    mnt = os.path.join(tmp, "full")
-    os.mkdir(mnt)
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", mnt],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        print("cannot mount a tmpfs (%s): the undo check did not run" % p.stderr.strip())
+    mnt = small_tmpfs(tmp, "the undo check")
+    if mnt is None:
         return
     try:
         fstate = os.path.join(mnt, "jobs.state")
