@@ -3932,7 +3932,7 @@ def task_cancel(env):
 def cancel_kinds(env):
     c = env.conn()
     d = env.conn()
-    n = 512
+    n = 1024
     b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
     A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
     t = c.request("trace", {"seconds": 0.5})
@@ -3950,12 +3950,19 @@ def cancel_kinds(env):
     # another connection cannot cancel them
     for m in queued:
         check(d.ok("task.cancel", {"msgid": m}) == {"canceled": False}, "another connection")
+    outcome = []
     for m in queued:
         r = c.ok("task.cancel", {"msgid": m})
         got = c.wait(m)
         check(r["canceled"] == (got[0] == "ECANCELED") and got[0] in ("ok", "ECANCELED"),
               "cancel %r answered %r" % (r, got[0]))
-    check(not c.fds, "a canceled buffer.share sends no descriptor")
+        outcome.append(got[0])
+    # the gemms may all have finished before a cancel came (a fast or a busy
+    # machine): a share that completed sends its descriptor, a canceled one
+    # none (CI of 2026-12-06 saw the first)
+    want = 1 if outcome[0] == "ok" else 0
+    check(len(c.fds) == want, "a buffer.share answered %s sent %d descriptors"
+          % (outcome[0], len(c.fds)))
     check(c.wait(t)[0] == "ok", "the trace answers as usual")
     for m in runs:
         c.wait(m)
