@@ -4491,7 +4491,7 @@ def reload_file(env):
 def ping_first(env):
     c = env.conn()
     o = env.conn()
-    n = 512
+    n = 1024  # four gemms outlast the cancel even on a fast machine
     b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
     A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
     g = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
