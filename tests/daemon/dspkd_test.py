@@ -1083,7 +1083,9 @@ def t_disconnect(exe, tmp):
 
 def t_sigterm(exe, tmp):
     d = Daemon(exe, tmp)
-    n = 256
+    # 512^2: the 100 gemms outlast the polling below on a fast machine too
+    # (some must still be queued at the SIGTERM)
+    n = 512
     A = np.random.default_rng(2).standard_normal((n, n)).astype(np.float32)
     c = d.client()
     a = c.call("buffer.create", {"size": A.nbytes})["buffer"]

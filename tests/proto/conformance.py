@@ -4431,7 +4431,7 @@ def job_binding(env):
       check_alive=False)
 def stop(env):
     c = env.conn()
-    n = 512
+    n = 1024  # the read is still queued at the stop on a fast machine too
     b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
     A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
     g = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
