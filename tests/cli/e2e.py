@@ -2716,6 +2716,46 @@ def suite_help(cli, tmp):
     command_line_round15(cli)
     other_commands_options(cli)
     contract_subscripts(cli, tmp)
+    json_takers_said(cli)
+
+
+def json_takers_said(cli):
+    """Probe 22 D1: which commands take --json is said alike by the parser
+    (--list-options of every command and subcommand), --help, docs/cli.md
+    and the refusals: every one but help.  --help and cli.md said "every
+    command", and so did the refusal of '--json ping', while help --json
+    was refused."""
+    top = cli.ok("--help", sock=False)
+    cmds = re.findall(r"^  ([a-z]+) ", top.split("Commands:")[1], re.M)
+    check("help" in cmds and len(cmds) >= 15, "commands from --help: %r" % cmds)
+    without = []
+    for c in cmds:
+        words = [[c]]
+        if cli.ok("--list-options", c, sock=False).split() == ["--help", "-h", "flag"]:
+            # help, or a command with subcommands (cache, job): their tables
+            subs = re.findall(r"dspk-submit %s ([a-z]+)\b" % c,
+                              cli.ok(c, "--help", sock=False))
+            words = [[c, s] for s in subs] or words
+        for w in words:
+            if not re.search(r"^--json - flag$", cli.ok("--list-options", *w, sock=False),
+                             re.M):
+                without.append(" ".join(w))
+    check(without == ["help"], "commands without --json: %r" % without)
+    check("Every command but help takes --json." in re.sub(r"\s+", " ", top),
+          "--help does not say which commands take --json: %r" % top)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "docs", "cli.md")) as f:
+        doc = re.sub(r"\s+", " ", f.read())
+    check("Every command takes" not in doc and
+          re.search(r"Every command but `help` \([^)]*\) takes `--json`", doc),
+          "cli.md does not say that every command but help takes --json")
+    check("(--json: an option of every command but help)" in doc,
+          "cli.md does not give the refusal of --json before COMMAND")
+    cli.fails(["help", "--json"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="option '--json' does not apply to help (--json: an option of ping, ")
+    err = cli.fails(["--json", "help"], None, "EINVAL", rc_want=2, sock=False,
+                    detail="(--json: an option of every command but help)")
+    check("every command)" not in err, "--json help: %r" % err)
 
 
 def contract_subscripts(cli, tmp):
@@ -2841,7 +2881,7 @@ def other_commands_options(cli):
         check("unknown option" not in err, "%s: %r" % (args, err))
     cli.fails(["--json", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="option '--json' does not apply to dspk-submit before COMMAND "
-              "(--json: an option of every command)")
+              "(--json: an option of every command but help)")
     for args, want in ((["gemm", "--nosuch"], "unknown option '--nosuch'"),
                        (["gemm", "-x"], "unknown option '-x'"),
                        (["cache", "--nosuch", "clear"], "unknown option '--nosuch'"),
