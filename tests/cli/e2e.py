@@ -2182,8 +2182,9 @@ def suite_shell(cli, tmp, dspkd):
     with open(one, "rb") as f:
         zbytes = f.read()
     cli.fails(["reduce", "sum", "-"], "reduce", "EINVAL", data=zbytes,
-              detail="<stdin>: not a .npy file but a zip archive (an .npz?): give it as a "
-                     "file named FILE.npz")
+              detail="<stdin>: not a .npy file but a zip archive (an .npz?): a stream "
+                     "(standard input, a pipe, a device) carries one .npy, never an archive: "
+                     "save the archive as a file named FILE.npz")
     asnpy = os.path.join(tmp, "really_npz.npy")
     with open(asnpy, "wb") as f:
         f.write(zbytes)
@@ -2717,6 +2718,7 @@ def suite_help(cli, tmp):
     other_commands_options(cli)
     contract_subscripts(cli, tmp)
     json_takers_said(cli)
+    zip_where_read_round22(cli, tmp)
 
 
 def json_takers_said(cli):
@@ -2756,6 +2758,46 @@ def json_takers_said(cli):
     err = cli.fails(["--json", "help"], None, "EINVAL", rc_want=2, sock=False,
                     detail="(--json: an option of every command but help)")
     check("every command)" not in err, "--json help: %r" % err)
+
+
+def zip_where_read_round22(cli, tmp):
+    """Probe 22 D2: a zip archive read where one .npy is expected is told
+    what to give for where it was read: a member of an .npz that is an
+    archive itself got standard input's advice, and so did a file named as
+    a .npy."""
+    import zipfile
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    one = os.path.join(tmp, "r22_one.npz")
+    np.savez(one, only=np.ones((2, 2), np.float32))
+    with open(one, "rb") as f:
+        zbytes = f.read()
+    nest = os.path.join(tmp, "r22_nest.npz")
+    with zipfile.ZipFile(nest, "w") as zf:
+        zf.writestr("a.npy", b"")
+        zf.writestr("inner.npz", zbytes)
+    member = ("not a .npy file but a zip archive (an .npz inside the .npz?): a member must "
+              "be one .npy, an archive inside an archive is not read: extract the inner "
+              "archive to a file named FILE.npz and give FILE.npz:NAME")
+    stream = ("not a .npy file but a zip archive (an .npz?): a stream (standard input, a "
+              "pipe, a device) carries one .npy, never an archive: save the archive as a "
+              "file named FILE.npz and give FILE.npz:NAME (FILE.npz alone for its only "
+              "array)")
+    asnpy = os.path.join(tmp, "r22_zip.npy")
+    with open(asnpy, "wb") as f:
+        f.write(zbytes)
+    for args, data, want in (
+            (["reduce", "sum", nest + ":inner.npz"], None, nest + ":inner.npz: " + member),
+            (["kernel", "/dev/null", "--entry", "e", "--grid", "1", "--block", "1",
+              nest + ":inner.npz"], None, nest + ":inner.npz: " + member),
+            (["reduce", "sum", "-"], zbytes, "<stdin>: " + stream),
+            (["reduce", "sum", "/dev/stdin"], zbytes, "/dev/stdin: " + stream),
+            (["reduce", "sum", asnpy], None, asnpy + ": not a .npy file but a zip archive "
+             "(an .npz?): give it as a file named FILE.npz, with :NAME for one of several "
+             "arrays")):
+        err = cli.fails(nosock + args, args[0], "EINVAL", data=data, sock=False,
+                        detail=want)
+        check(err.count("standard input") == ("<stdin>" in want or "/dev/stdin" in want),
+              "%s: %r" % (args, err))
 
 
 def contract_subscripts(cli, tmp):
