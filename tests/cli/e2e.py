@@ -2719,6 +2719,7 @@ def suite_help(cli, tmp):
     contract_subscripts(cli, tmp)
     json_takers_said(cli)
     zip_where_read_round22(cli, tmp)
+    empty_member_round22(cli, tmp)
 
 
 def json_takers_said(cli):
@@ -2798,6 +2799,36 @@ def zip_where_read_round22(cli, tmp):
                         detail=want)
         check(err.count("standard input") == ("<stdin>" in want or "/dev/stdin" in want),
               "%s: %r" % (args, err))
+
+
+def empty_member_round22(cli, tmp):
+    """Probe 22 D4: "FILE.npz:" with an empty NAME is a bad command line
+    (exit 2) before any file is opened, as "-:NAME" is, for every command
+    that takes arrays, whether the archive is there or not: it was exit 1,
+    found on opening the archive (ENOENT when there was none).  kernel's
+    SOURCE is a file name, never an .npz member."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    one = os.path.join(tmp, "r22_one.npz")
+    np.savez(one, only=np.ones((2, 2), np.float32))
+    k = ["--entry", "e", "--grid", "1", "--block", "1"]
+    for spec in (one + ":", os.path.join(tmp, "r22_none.npz") + ":", one + ":" + one + ":",
+                 ".npz:"):
+        npz = spec[:-1]
+        for args in (["reduce", "sum", spec], ["gemm", one, spec], ["map", "abs", spec],
+                     ["kernel", "/dev/null"] + k + [spec]):
+            cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False,
+                      detail="'%s': empty array name after ':' (give %s:NAME, or %s alone "
+                      "for its only array)" % (spec, npz, npz))
+    cli.fails(nosock + ["kernel", one + ":"] + k, "kernel", "ENOENT", sock=False,
+              detail=one + ":: No such file or directory")
+    # A SOURCE whose name holds ".npz:" is that file, not a member of a
+    # directory d.npz (it was "d.npz: is a directory", exit 2).
+    d = os.path.join(tmp, "r22_d.npz")
+    os.mkdir(d)
+    with open(d + ":k.comp", "w") as f:
+        f.write("void main() {}\n")
+    cli.fails(nosock + ["kernel", d + ":k.comp"] + k + ["zeros:f32:4"], "kernel",
+              "ECONNECT", sock=False)
 
 
 def contract_subscripts(cli, tmp):
