@@ -2720,6 +2720,7 @@ def suite_help(cli, tmp):
     json_takers_said(cli)
     zip_where_read_round22(cli, tmp)
     empty_member_round22(cli, tmp)
+    header_forms_documented(cli, tmp)
 
 
 def json_takers_said(cli):
@@ -2829,6 +2830,34 @@ def empty_member_round22(cli, tmp):
         f.write("void main() {}\n")
     cli.fails(nosock + ["kernel", d + ":k.comp"] + k + ["zeros:f32:4"], "kernel",
               "ECONNECT", sock=False)
+
+
+def header_forms_documented(cli, tmp):
+    """Probe 22 D3: cli.md said the .npy header parser accepts "only what
+    numpy writes", while it reads other forms numpy reads (double quotes,
+    any key order, no blanks).  The page now says which forms it reads and
+    gives examples: each example header is read by dspk-submit (as far as
+    connecting) and by numpy.load, as the same dtype and shape."""
+    import struct
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "docs", "cli.md")) as f:
+        doc = f.read()
+    arrays = doc[doc.index("## ARRAYS"):doc.index("### The result line")]
+    check("only what numpy writes" not in re.sub(r"\s+", " ", arrays),
+          "cli.md still says the parser accepts only what numpy writes")
+    heads = re.findall(r"`(\{[^`]*\})`", arrays)
+    check(len(heads) >= 2 and any('"' in h for h in heads) and
+          any("'descr'" not in h.split(",")[0] for h in heads),
+          "cli.md gives no example headers of the forms it reads: %r" % heads)
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    for i, h in enumerate(heads):
+        raw = h.encode("latin-1")
+        path = os.path.join(tmp, "r22_hdr%d.npy" % i)
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(raw)) + raw + b"\0" * 12)
+        a = np.load(path)
+        check(a.dtype == np.float32 and a.shape == (3,), "numpy reads %r as %r" % (h, a))
+        cli.fails(nosock + ["reduce", "sum", path], "reduce", "ECONNECT", sock=False)
 
 
 def contract_subscripts(cli, tmp):

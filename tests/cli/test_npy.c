@@ -544,6 +544,67 @@ static void test_malformed_headers(void **state) {
              0, "");
 }
 
+/* Every header form docs/cli.md says the parser accepts (quotes of either
+ * kind, any key order, blanks of every kind or none around any token, a
+ * trailing comma or none, '|') is one numpy.load reads too, as the same
+ * dtype and shape: the page said the parser takes "only what numpy
+ * writes", which these are not (probe 22 D3). */
+static void test_numpy_reads_accepted(void **state) {
+  static const struct {
+    const char *hdr;
+    size_t ndata;
+    dspk_dtype dt;
+    int rank;
+    uint64_t shape[2];
+    const char *np_descr, *np_shape;
+  } acc[] = {
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }\n", 48, DSPK_F32, 2,
+       {3, 4}, "<f4", "(3, 4)"},
+      {"{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2,)}", 8, DSPK_F32, 1,
+       {2, 0}, "<f4", "(2,)"},
+      {"{'descr':'<f8','fortran_order':False,'shape':(1,2)}", 16, DSPK_F64, 2, {1, 2},
+       "<f8", "(1, 2)"},
+      {"{'shape': (2,), 'fortran_order': False, 'descr': '<c8'}", 16, DSPK_C64, 1, {2, 0},
+       "<c8", "(2,)"},
+      {"{\"shape\": (), \"descr\": \"<c16\", \"fortran_order\": False, }", 16, DSPK_C128,
+       0, {0, 0}, "<c16", "()"},
+      {"{\t'descr'\n:\r'<f4' ,'fortran_order' : False,\n'shape':( 2 , 3 , ) }   \n", 24,
+       DSPK_F32, 2, {2, 3}, "<f4", "(2, 3)"},
+      {"{'descr': '|f2', 'fortran_order': False, 'shape': (0, 3)}", 0, DSPK_F16, 2, {0, 3},
+       "<f2", "(0, 3)"},
+  };
+  static unsigned char buf[256];
+  char path[300], err[256], py[4096];
+  size_t w;
+  (void)state;
+  if (python == NULL)
+    skip();
+  w = (size_t)snprintf(py, sizeof py, "import sys, numpy as np\nd = sys.argv[1]\n");
+  for (size_t i = 0; i < sizeof acc / sizeof acc[0]; i++) {
+    dspk__npy a;
+    size_t len = image(buf, 1, acc[i].hdr, acc[i].ndata);
+    FILE *f;
+    snprintf(path, sizeof path, "%s/acc_%zu.npy", tmpdir, i);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    if (dspk__npy_load(path, &a, err, sizeof err) != 0)
+      fail_msg("header %s: %s", acc[i].hdr, err);
+    assert_int_equal(a.dtype, acc[i].dt);
+    assert_int_equal(a.rank, acc[i].rank);
+    for (int k = 0; k < a.rank; k++)
+      assert_int_equal(a.shape[k], acc[i].shape[k]);
+    dspk__npy_free(&a);
+    w += (size_t)snprintf(py + w, sizeof py - w,
+                          "a = np.load(d + '/acc_%zu.npy')\n"
+                          "assert a.dtype == np.dtype('%s') and a.shape == %s, (%zu, a)\n",
+                          i, acc[i].np_descr, acc[i].np_shape, i);
+    assert_true(w < sizeof py);
+  }
+  assert_int_equal(run_python(py), 0);
+}
+
 static void test_malformed_preamble(void **state) {
   (void)state;
   unsigned char buf[256];
@@ -983,6 +1044,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_numpy_files),
       cmocka_unit_test(test_numpy_reads_ours),
       cmocka_unit_test(test_malformed_headers),
+      cmocka_unit_test(test_numpy_reads_accepted),
       cmocka_unit_test(test_malformed_preamble),
       cmocka_unit_test(test_malformed_files),
       cmocka_unit_test(test_npz),
