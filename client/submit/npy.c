@@ -68,14 +68,26 @@ static bool is_zip(const unsigned char *buf, size_t avail) {
 }
 
 /* The message for bytes that do not start a .npy: an .npz (a zip archive)
- * is said so, with what to give instead. */
-static int bad_magic(const unsigned char *buf, size_t avail, char *err, size_t errlen) {
-  if (is_zip(buf, avail))
-    seterr(err, errlen, "not a .npy file but a zip archive (an .npz?): give it as a file "
-                        "named FILE.npz, with :NAME for one of several arrays (standard "
-                        "input takes one .npy, never an archive)");
-  else
+ * is said so, with what to give instead, which depends on where the bytes
+ * came from (probe 22 D2: a member of an .npz that is itself an archive
+ * was told the advice for standard input). */
+static int bad_magic(const unsigned char *buf, size_t avail, dspk__npy_from from,
+                     char *err, size_t errlen) {
+  if (!is_zip(buf, avail))
     seterr(err, errlen, "not a .npy file (bad magic)");
+  else if (from == DSPK__NPY_FROM_STREAM)
+    seterr(err, errlen, "not a .npy file but a zip archive (an .npz?): a stream (standard "
+                        "input, a pipe, a device) carries one .npy, never an archive: save "
+                        "the archive as a file named FILE.npz and give FILE.npz:NAME "
+                        "(FILE.npz alone for its only array)");
+  else if (from == DSPK__NPY_FROM_MEMBER)
+    seterr(err, errlen, "not a .npy file but a zip archive (an .npz inside the .npz?): a "
+                        "member must be one .npy, an archive inside an archive is not read: "
+                        "extract the inner archive to a file named FILE.npz and give "
+                        "FILE.npz:NAME");
+  else
+    seterr(err, errlen, "not a .npy file but a zip archive (an .npz?): give it as a file "
+                        "named FILE.npz, with :NAME for one of several arrays");
   return DSPK_EINVAL;
 }
 
@@ -374,7 +386,7 @@ int dspk__npy_parse_header(const char *txt, size_t len, dspk__npy_header *out,
 /* Checks the fixed preamble (magic, version, header length) held in the
  * first avail bytes of buf.  On success *hdr_off is where the dict text
  * starts and *hdr_len its length. */
-static int parse_preamble(const unsigned char *buf, size_t avail,
+static int parse_preamble(const unsigned char *buf, size_t avail, dspk__npy_from from,
                           size_t *hdr_off, size_t *hdr_len, char *err,
                           size_t errlen) {
   size_t off, hl;
@@ -390,7 +402,7 @@ static int parse_preamble(const unsigned char *buf, size_t avail,
     return DSPK_EINVAL;
   }
   if (avail < 10 || memcmp(buf, npy_magic, sizeof npy_magic) != 0)
-    return bad_magic(buf, avail, err, errlen);
+    return bad_magic(buf, avail, from, err, errlen);
   if (buf[7] != 0 || buf[6] < 1 || buf[6] > 3) {
     seterr(err, errlen, "unsupported .npy format version %u.%u", buf[6],
            buf[7]);
@@ -524,13 +536,13 @@ static void prefix_name(char *err, size_t errlen, const char *name) {
 /* Parses a whole .npy image (len bytes at b): the header into *h, and
  * where the data starts (*data_off), its element count and size.  Returns
  * 0 or a negative dspk code with a message (not yet naming the file). */
-static int parse_image(const unsigned char *b, size_t len, dspk__npy_header *h,
-                       size_t *data_off, uint64_t *count, size_t *nbytes,
-                       char *err, size_t errlen) {
+static int parse_image(const unsigned char *b, size_t len, dspk__npy_from from,
+                       dspk__npy_header *h, size_t *data_off, uint64_t *count,
+                       size_t *nbytes, char *err, size_t errlen) {
   size_t off, hl;
   int rc;
 
-  rc = parse_preamble(b, len, &off, &hl, err, errlen);
+  rc = parse_preamble(b, len, from, &off, &hl, err, errlen);
   if (rc < 0)
     return rc;
   if (hl > len - off) {
@@ -559,7 +571,7 @@ int dspk__npy_load_mem(const void *buf, size_t len, const char *name,
   void *data;
   int rc;
 
-  rc = parse_image(b, len, &h, &doff, &count, &nbytes, err, errlen);
+  rc = parse_image(b, len, DSPK__NPY_FROM_FILE, &h, &doff, &count, &nbytes, err, errlen);
   if (rc < 0)
     goto fail;
   data = malloc(nbytes ? nbytes : 1);
@@ -577,15 +589,15 @@ fail:
   return rc;
 }
 
-int dspk__npy_adopt(void *buf, size_t len, const char *name, dspk__npy *out,
-                    char *err, size_t errlen) {
+int dspk__npy_adopt(void *buf, size_t len, const char *name, dspk__npy_from from,
+                    dspk__npy *out, char *err, size_t errlen) {
   dspk__npy_header h;
   size_t doff, nbytes;
   uint64_t count;
   void *data;
   int rc;
 
-  rc = parse_image(buf, len, &h, &doff, &count, &nbytes, err, errlen);
+  rc = parse_image(buf, len, from, &h, &doff, &count, &nbytes, err, errlen);
   if (rc < 0) {
     free(buf);
     prefix_name(err, errlen, name);
@@ -667,7 +679,7 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
     rc = DSPK_EIO;
     goto fail_fd;
   }
-  rc = parse_preamble(pre, (size_t)got, &off, &hl, err, errlen);
+  rc = parse_preamble(pre, (size_t)got, DSPK__NPY_FROM_FILE, &off, &hl, err, errlen);
   if (rc < 0)
     goto fail_fd;
   if ((uint64_t)st.st_size < off + hl) {
@@ -752,10 +764,10 @@ static int image_total(const unsigned char *b, size_t len, size_t *total, char *
     if (len < sizeof zip_magic && memcmp(b, zip_magic, len) == 0)
       return 0;
     if (memcmp(b, npy_magic, m) != 0)
-      return bad_magic(b, len, err, errlen);
+      return bad_magic(b, len, DSPK__NPY_FROM_STREAM, err, errlen);
     return 0;
   }
-  if ((rc = parse_preamble(b, len, &off, &hl, err, errlen)) < 0)
+  if ((rc = parse_preamble(b, len, DSPK__NPY_FROM_STREAM, &off, &hl, err, errlen)) < 0)
     return rc;
   if (hl > len - off)
     return 0;
@@ -822,7 +834,7 @@ int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
       return DSPK_EINVAL;
     }
   }
-  return dspk__npy_adopt(buf, len, name, out, err, errlen);
+  return dspk__npy_adopt(buf, len, name, DSPK__NPY_FROM_STREAM, out, err, errlen);
 }
 
 int dspk__npy_writable(dspk_dtype dt, char *err, size_t errlen) {
@@ -1011,7 +1023,7 @@ int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen) {
     close(fd);
     return dspk__npy_load(path, out, err, errlen);
   }
-  rc = parse_image(map, len, &h, &doff, &count, &nbytes, err, errlen);
+  rc = parse_image(map, len, DSPK__NPY_FROM_FILE, &h, &doff, &count, &nbytes, err, errlen);
   if (rc < 0) {
     munmap(map, len);
     close(fd);

@@ -40,6 +40,16 @@ typedef struct dspk__npy {
   int map_fd; /* with map: the file, open read-only (closed by dspk__npy_free) */
 } dspk__npy;
 
+/* Where the bytes of a .npy image come from, for the message that says
+ * what to give instead when they are a zip archive (an .npz): a file named
+ * as one .npy (or an image in memory), a stream read to its end (standard
+ * input, a pipe, a device), or a member of an .npz. */
+typedef enum dspk__npy_from {
+  DSPK__NPY_FROM_FILE,
+  DSPK__NPY_FROM_STREAM,
+  DSPK__NPY_FROM_MEMBER
+} dspk__npy_from;
+
 /* Header fields as parsed from the text of a .npy header. */
 typedef struct dspk__npy_header {
   dspk_dtype dtype;
@@ -99,9 +109,10 @@ int dspk__npy_header_build(dspk_dtype dtype, int rank, const uint64_t *shape,
 
 /* Like dspk__npy_load_mem, but takes ownership of buf (malloc'd, len
  * bytes): the data is moved to its start and kept, no copy is made.  buf
- * is freed on failure. */
-int dspk__npy_adopt(void *buf, size_t len, const char *name, dspk__npy *out,
-                    char *err, size_t errlen);
+ * is freed on failure.  from says where the bytes came from (for the
+ * message about a zip archive found instead of a .npy). */
+int dspk__npy_adopt(void *buf, size_t len, const char *name, dspk__npy_from from,
+                    dspk__npy *out, char *err, size_t errlen);
 
 /* Reads one whole .npy image from the file descriptor fd (a pipe: read to
  * its end) and parses it; name is used in messages ("<stdin>").  Same

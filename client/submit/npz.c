@@ -292,7 +292,7 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
               got < 0 ? Z.zip_file_strerror(zf) : "member longer than its header says");
     goto out;
   }
-  rc = dspk__npy_adopt(buf, (size_t)st.size, label, out, err, errlen);
+  rc = dspk__npy_adopt(buf, (size_t)st.size, label, DSPK__NPY_FROM_MEMBER, out, err, errlen);
   buf = NULL; /* adopted, or freed */
 out:
   free(buf);

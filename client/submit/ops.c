@@ -1024,10 +1024,11 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
 
 /* A named input that is a directory or a terminal is refused before
  * anything is read: a directory gives only open(2)'s words later, and a
- * terminal would wait for typing that never makes a .npy. */
-static int check_input_file(const dspk__sub_ctx *ctx, const char *path) {
+ * terminal would wait for typing that never makes a .npy.  array: path is
+ * an array operand (FILE.npz:NAME names a member), not kernel's SOURCE. */
+static int check_input_file(const dspk__sub_ctx *ctx, const char *path, bool array) {
   struct stat st;
-  size_t plen = dspk__npz_path_len(path);
+  size_t plen = array ? dspk__npz_path_len(path) : 0;
   /* FILE.npz:NAME: the archive's path is the file */
   char *file = plen > 0 ? strndup(path, plen) : NULL;
   int rc = stat(file != NULL ? file : path, &st);
@@ -1058,8 +1059,20 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
   int fds[64];
   for (int i = 0; i < nfiles; i++) {
+    /* kernel's files[0] is its SOURCE, not an array. */
+    bool source = i == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
+    size_t plen = source ? 0 : dspk__npz_path_len(files[i]);
     if (files[i][0] == '\0') {
       dspk__sub_usage(ctx, "empty input file name");
+      return -1;
+    }
+    /* "FILE.npz:" names no array: malformed whatever the file holds, so
+     * a bad command line, as "-:NAME" and an empty item are (probe 22 D4:
+     * it was found on opening the archive, exit status 1). */
+    if (plen > 0 && files[i][plen + 1] == '\0') {
+      const char *npz = dspk__sub_arg_n(files[i], plen);
+      dspk__sub_usage(ctx, "'%s': empty array name after ':' (give %s:NAME, or %s alone "
+                           "for its only array)", dspk__sub_arg(files[i]), npz, npz);
       return -1;
     }
     /* "-" and the names of a descriptor (/dev/stdin, /dev/fd/0,
@@ -1067,7 +1080,7 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
      * never from a terminal. */
     fds[i < 64 ? i : 63] = dspk__fd_alias(files[i]);
     if (i >= 64 || fds[i] < 0) {
-      if (check_input_file(ctx, files[i]) != 0)
+      if (check_input_file(ctx, files[i], !source) != 0)
         return -1;
       continue;
     }
@@ -1083,8 +1096,6 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
         return -1;
       }
     if (isatty(fds[i]) == 1) {
-      /* kernel's files[0] is its SOURCE, not an array. */
-      bool source = i == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
       if (fds[i] == STDIN_FILENO)
         dspk__sub_usage(ctx, "%s: standard input is a terminal; pipe %s into it",
                         dspk__sub_arg(files[i]), source ? "the kernel source" : "a .npy");

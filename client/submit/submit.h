@@ -103,9 +103,11 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
 int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
                    char *err, size_t errlen);
 
-/* Checks the input file names: none empty, at most one "-" (standard
- * input), and stdin not a terminal when one is; otherwise reports a usage
- * error and returns -1 (the caller exits with DSPK__SUB_EXIT_USAGE). */
+/* Checks the input file names: none empty, no "FILE.npz:" with an empty
+ * array name, at most one "-" (standard input), and stdin not a terminal
+ * when one is; otherwise reports a usage error and returns -1 (the caller
+ * exits with DSPK__SUB_EXIT_USAGE).  kernel's files[0] is its SOURCE, a
+ * text file, never an .npz member. */
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles);
 

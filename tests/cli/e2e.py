@@ -2182,8 +2182,9 @@ def suite_shell(cli, tmp, dspkd):
     with open(one, "rb") as f:
         zbytes = f.read()
     cli.fails(["reduce", "sum", "-"], "reduce", "EINVAL", data=zbytes,
-              detail="<stdin>: not a .npy file but a zip archive (an .npz?): give it as a "
-                     "file named FILE.npz")
+              detail="<stdin>: not a .npy file but a zip archive (an .npz?): a stream "
+                     "(standard input, a pipe, a device) carries one .npy, never an archive: "
+                     "save the archive as a file named FILE.npz")
     asnpy = os.path.join(tmp, "really_npz.npy")
     with open(asnpy, "wb") as f:
         f.write(zbytes)
@@ -2716,6 +2717,147 @@ def suite_help(cli, tmp):
     command_line_round15(cli)
     other_commands_options(cli)
     contract_subscripts(cli, tmp)
+    json_takers_said(cli)
+    zip_where_read_round22(cli, tmp)
+    empty_member_round22(cli, tmp)
+    header_forms_documented(cli, tmp)
+
+
+def json_takers_said(cli):
+    """Probe 22 D1: which commands take --json is said alike by the parser
+    (--list-options of every command and subcommand), --help, docs/cli.md
+    and the refusals: every one but help.  --help and cli.md said "every
+    command", and so did the refusal of '--json ping', while help --json
+    was refused."""
+    top = cli.ok("--help", sock=False)
+    cmds = re.findall(r"^  ([a-z]+) ", top.split("Commands:")[1], re.M)
+    check("help" in cmds and len(cmds) >= 15, "commands from --help: %r" % cmds)
+    without = []
+    for c in cmds:
+        words = [[c]]
+        if cli.ok("--list-options", c, sock=False).split() == ["--help", "-h", "flag"]:
+            # help, or a command with subcommands (cache, job): their tables
+            subs = re.findall(r"dspk-submit %s ([a-z]+)\b" % c,
+                              cli.ok(c, "--help", sock=False))
+            words = [[c, s] for s in subs] or words
+        for w in words:
+            if not re.search(r"^--json - flag$", cli.ok("--list-options", *w, sock=False),
+                             re.M):
+                without.append(" ".join(w))
+    check(without == ["help"], "commands without --json: %r" % without)
+    check("Every command but help takes --json." in re.sub(r"\s+", " ", top),
+          "--help does not say which commands take --json: %r" % top)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "docs", "cli.md")) as f:
+        doc = re.sub(r"\s+", " ", f.read())
+    check("Every command takes" not in doc and
+          re.search(r"Every command but `help` \([^)]*\) takes `--json`", doc),
+          "cli.md does not say that every command but help takes --json")
+    check("(--json: an option of every command but help)" in doc,
+          "cli.md does not give the refusal of --json before COMMAND")
+    cli.fails(["help", "--json"], "help", "EINVAL", rc_want=2, sock=False,
+              detail="option '--json' does not apply to help (--json: an option of ping, ")
+    err = cli.fails(["--json", "help"], None, "EINVAL", rc_want=2, sock=False,
+                    detail="(--json: an option of every command but help)")
+    check("every command)" not in err, "--json help: %r" % err)
+
+
+def zip_where_read_round22(cli, tmp):
+    """Probe 22 D2: a zip archive read where one .npy is expected is told
+    what to give for where it was read: a member of an .npz that is an
+    archive itself got standard input's advice, and so did a file named as
+    a .npy."""
+    import zipfile
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    one = os.path.join(tmp, "r22_one.npz")
+    np.savez(one, only=np.ones((2, 2), np.float32))
+    with open(one, "rb") as f:
+        zbytes = f.read()
+    nest = os.path.join(tmp, "r22_nest.npz")
+    with zipfile.ZipFile(nest, "w") as zf:
+        zf.writestr("a.npy", b"")
+        zf.writestr("inner.npz", zbytes)
+    member = ("not a .npy file but a zip archive (an .npz inside the .npz?): a member must "
+              "be one .npy, an archive inside an archive is not read: extract the inner "
+              "archive to a file named FILE.npz and give FILE.npz:NAME")
+    stream = ("not a .npy file but a zip archive (an .npz?): a stream (standard input, a "
+              "pipe, a device) carries one .npy, never an archive: save the archive as a "
+              "file named FILE.npz and give FILE.npz:NAME (FILE.npz alone for its only "
+              "array)")
+    asnpy = os.path.join(tmp, "r22_zip.npy")
+    with open(asnpy, "wb") as f:
+        f.write(zbytes)
+    for args, data, want in (
+            (["reduce", "sum", nest + ":inner.npz"], None, nest + ":inner.npz: " + member),
+            (["kernel", "/dev/null", "--entry", "e", "--grid", "1", "--block", "1",
+              nest + ":inner.npz"], None, nest + ":inner.npz: " + member),
+            (["reduce", "sum", "-"], zbytes, "<stdin>: " + stream),
+            (["reduce", "sum", "/dev/stdin"], zbytes, "/dev/stdin: " + stream),
+            (["reduce", "sum", asnpy], None, asnpy + ": not a .npy file but a zip archive "
+             "(an .npz?): give it as a file named FILE.npz, with :NAME for one of several "
+             "arrays")):
+        err = cli.fails(nosock + args, args[0], "EINVAL", data=data, sock=False,
+                        detail=want)
+        check(err.count("standard input") == ("<stdin>" in want or "/dev/stdin" in want),
+              "%s: %r" % (args, err))
+
+
+def empty_member_round22(cli, tmp):
+    """Probe 22 D4: "FILE.npz:" with an empty NAME is a bad command line
+    (exit 2) before any file is opened, as "-:NAME" is, for every command
+    that takes arrays, whether the archive is there or not: it was exit 1,
+    found on opening the archive (ENOENT when there was none).  kernel's
+    SOURCE is a file name, never an .npz member."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    one = os.path.join(tmp, "r22_one.npz")
+    np.savez(one, only=np.ones((2, 2), np.float32))
+    k = ["--entry", "e", "--grid", "1", "--block", "1"]
+    for spec in (one + ":", os.path.join(tmp, "r22_none.npz") + ":", one + ":" + one + ":",
+                 ".npz:"):
+        npz = spec[:-1]
+        for args in (["reduce", "sum", spec], ["gemm", one, spec], ["map", "abs", spec],
+                     ["kernel", "/dev/null"] + k + [spec]):
+            cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False,
+                      detail="'%s': empty array name after ':' (give %s:NAME, or %s alone "
+                      "for its only array)" % (spec, npz, npz))
+    cli.fails(nosock + ["kernel", one + ":"] + k, "kernel", "ENOENT", sock=False,
+              detail=one + ":: No such file or directory")
+    # A SOURCE whose name holds ".npz:" is that file, not a member of a
+    # directory d.npz (it was "d.npz: is a directory", exit 2).
+    d = os.path.join(tmp, "r22_d.npz")
+    os.mkdir(d)
+    with open(d + ":k.comp", "w") as f:
+        f.write("void main() {}\n")
+    cli.fails(nosock + ["kernel", d + ":k.comp"] + k + ["zeros:f32:4"], "kernel",
+              "ECONNECT", sock=False)
+
+
+def header_forms_documented(cli, tmp):
+    """Probe 22 D3: cli.md said the .npy header parser accepts "only what
+    numpy writes", while it reads other forms numpy reads (double quotes,
+    any key order, no blanks).  The page now says which forms it reads and
+    gives examples: each example header is read by dspk-submit (as far as
+    connecting) and by numpy.load, as the same dtype and shape."""
+    import struct
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "docs", "cli.md")) as f:
+        doc = f.read()
+    arrays = doc[doc.index("## ARRAYS"):doc.index("### The result line")]
+    check("only what numpy writes" not in re.sub(r"\s+", " ", arrays),
+          "cli.md still says the parser accepts only what numpy writes")
+    heads = re.findall(r"`(\{[^`]*\})`", arrays)
+    check(len(heads) >= 2 and any('"' in h for h in heads) and
+          any("'descr'" not in h.split(",")[0] for h in heads),
+          "cli.md gives no example headers of the forms it reads: %r" % heads)
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    for i, h in enumerate(heads):
+        raw = h.encode("latin-1")
+        path = os.path.join(tmp, "r22_hdr%d.npy" % i)
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(raw)) + raw + b"\0" * 12)
+        a = np.load(path)
+        check(a.dtype == np.float32 and a.shape == (3,), "numpy reads %r as %r" % (h, a))
+        cli.fails(nosock + ["reduce", "sum", path], "reduce", "ECONNECT", sock=False)
 
 
 def contract_subscripts(cli, tmp):
@@ -2841,7 +2983,7 @@ def other_commands_options(cli):
         check("unknown option" not in err, "%s: %r" % (args, err))
     cli.fails(["--json", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="option '--json' does not apply to dspk-submit before COMMAND "
-              "(--json: an option of every command)")
+              "(--json: an option of every command but help)")
     for args, want in ((["gemm", "--nosuch"], "unknown option '--nosuch'"),
                        (["gemm", "-x"], "unknown option '-x'"),
                        (["cache", "--nosuch", "clear"], "unknown option '--nosuch'"),

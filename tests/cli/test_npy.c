@@ -544,6 +544,67 @@ static void test_malformed_headers(void **state) {
              0, "");
 }
 
+/* Every header form docs/cli.md says the parser accepts (quotes of either
+ * kind, any key order, blanks of every kind or none around any token, a
+ * trailing comma or none, '|') is one numpy.load reads too, as the same
+ * dtype and shape: the page said the parser takes "only what numpy
+ * writes", which these are not (probe 22 D3). */
+static void test_numpy_reads_accepted(void **state) {
+  static const struct {
+    const char *hdr;
+    size_t ndata;
+    dspk_dtype dt;
+    int rank;
+    uint64_t shape[2];
+    const char *np_descr, *np_shape;
+  } acc[] = {
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }\n", 48, DSPK_F32, 2,
+       {3, 4}, "<f4", "(3, 4)"},
+      {"{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2,)}", 8, DSPK_F32, 1,
+       {2, 0}, "<f4", "(2,)"},
+      {"{'descr':'<f8','fortran_order':False,'shape':(1,2)}", 16, DSPK_F64, 2, {1, 2},
+       "<f8", "(1, 2)"},
+      {"{'shape': (2,), 'fortran_order': False, 'descr': '<c8'}", 16, DSPK_C64, 1, {2, 0},
+       "<c8", "(2,)"},
+      {"{\"shape\": (), \"descr\": \"<c16\", \"fortran_order\": False, }", 16, DSPK_C128,
+       0, {0, 0}, "<c16", "()"},
+      {"{\t'descr'\n:\r'<f4' ,'fortran_order' : False,\n'shape':( 2 , 3 , ) }   \n", 24,
+       DSPK_F32, 2, {2, 3}, "<f4", "(2, 3)"},
+      {"{'descr': '|f2', 'fortran_order': False, 'shape': (0, 3)}", 0, DSPK_F16, 2, {0, 3},
+       "<f2", "(0, 3)"},
+  };
+  static unsigned char buf[256];
+  char path[300], err[256], py[4096];
+  size_t w;
+  (void)state;
+  if (python == NULL)
+    skip();
+  w = (size_t)snprintf(py, sizeof py, "import sys, numpy as np\nd = sys.argv[1]\n");
+  for (size_t i = 0; i < sizeof acc / sizeof acc[0]; i++) {
+    dspk__npy a;
+    size_t len = image(buf, 1, acc[i].hdr, acc[i].ndata);
+    FILE *f;
+    snprintf(path, sizeof path, "%s/acc_%zu.npy", tmpdir, i);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    if (dspk__npy_load(path, &a, err, sizeof err) != 0)
+      fail_msg("header %s: %s", acc[i].hdr, err);
+    assert_int_equal(a.dtype, acc[i].dt);
+    assert_int_equal(a.rank, acc[i].rank);
+    for (int k = 0; k < a.rank; k++)
+      assert_int_equal(a.shape[k], acc[i].shape[k]);
+    dspk__npy_free(&a);
+    w += (size_t)snprintf(py + w, sizeof py - w,
+                          "a = np.load(d + '/acc_%zu.npy')\n"
+                          "assert a.dtype == np.dtype('%s') and a.shape == %s, (%zu, a)\n",
+                          i, acc[i].np_descr, acc[i].np_shape, i);
+    assert_true(w < sizeof py);
+  }
+  assert_int_equal(run_python(py), 0);
+}
+
 static void test_malformed_preamble(void **state) {
   (void)state;
   unsigned char buf[256];
@@ -590,7 +651,8 @@ static void test_malformed_preamble(void **state) {
   for (size_t z = 0; z < 2; z++) {
     assert_int_equal(mem_load(zips[z], 8, err), DSPK_EINVAL);
     if (strstr(err, "mem.npy: not a .npy file but a zip archive (an .npz?): give it as "
-                    "a file named FILE.npz") == NULL)
+                    "a file named FILE.npz, with :NAME for one of several arrays") == NULL ||
+        strstr(err, "standard input") != NULL) /* not read from it (probe 22 D2) */
       fail_msg("zip %zu: '%s'", z, err);
   }
   assert_int_equal(mem_load((const unsigned char *)"PK\x03\x05" "abcdefgh", 12, err),
@@ -685,6 +747,15 @@ static const char npz_py[] =
     "# The only member, not a .npy (probe 19 D5: its error names it).\n"
     "with zipfile.ZipFile(d + '/txt.npz', 'w') as z:\n"
     "    z.writestr('x.npy', b'hello, no npy here')\n"
+    "# An archive inside the archive (probe 22 D2), with a .npy beside it,\n"
+    "# stored and deflated, and as the only member.\n"
+    "inner = open(d + '/one.npz', 'rb').read()\n"
+    "for name, method in (('nest', zipfile.ZIP_STORED), ('nestd', zipfile.ZIP_DEFLATED)):\n"
+    "    with zipfile.ZipFile(d + '/' + name + '.npz', 'w', method) as z:\n"
+    "        z.writestr('a.npy', npy(a))\n"
+    "        z.writestr('inner.npz', inner)\n"
+    "with zipfile.ZipFile(d + '/nest1.npz', 'w') as z:\n"
+    "    z.writestr('inner.npy', inner)\n"
     "z = np.load(d + '/dup.npz')\n"
     "assert z['x'].dtype == c.dtype and (z['x'] == c).all()\n"
     "z = np.load(d + '/both.npz')\n"
@@ -712,6 +783,16 @@ static void npz_fail(const char *spec, int code, const char *needle) {
   assert_int_equal(dspk__npy_input(full, &a, err, sizeof err), code);
   if (strstr(err, needle) == NULL)
     fail_msg("%s: message '%s' lacks '%s'", spec, err, needle);
+}
+
+/* As npz_fail, and the message lacks absent. */
+static void npz_fail_not(const char *spec, int code, const char *needle, const char *absent) {
+  char full[400], err[512] = "";
+  dspk__npy a;
+  snprintf(full, sizeof full, "%s/%s", tmpdir, spec);
+  assert_int_equal(dspk__npy_input(full, &a, err, sizeof err), code);
+  if (strstr(err, needle) == NULL || strstr(err, absent) != NULL)
+    fail_msg("%s: message '%s' lacks '%s' or has '%s'", spec, err, needle, absent);
 }
 
 static void test_npz(void **state) {
@@ -743,6 +824,21 @@ static void test_npz(void **state) {
   npz_fail("txt.npz", DSPK_EINVAL, "txt.npz:x: not a .npy file");
   npz_fail("crc.npz:c", DSPK_EINVAL, "crc.npz:c: CRC");
   npz_fail("notzip.npz:a", DSPK_EINVAL, "zip archive");
+  /* A member that is itself an archive is told as one, with what to do
+   * about a member: it was told standard input's advice (probe 22 D2). */
+  static const char nested[] =
+      "not a .npy file but a zip archive (an .npz inside the .npz?): a member must be "
+      "one .npy, an archive inside an archive is not read: extract the inner archive to a "
+      "file named FILE.npz and give FILE.npz:NAME";
+  char want[512];
+  npz_ok("nest.npz:a", DSPK_F32, 2, sa);
+  snprintf(want, sizeof want, "nest.npz:inner.npz: %s", nested);
+  npz_fail_not("nest.npz:inner.npz", DSPK_EINVAL, want, "standard input");
+  snprintf(want, sizeof want, "nestd.npz:inner.npz: %s", nested);
+  npz_fail_not("nestd.npz:inner.npz", DSPK_EINVAL, want, "standard input");
+  snprintf(want, sizeof want, "nest1.npz:inner: %s", nested);
+  npz_fail_not("nest1.npz", DSPK_EINVAL, want, "standard input");
+  npz_fail_not("nest1.npz:inner", DSPK_EINVAL, want, "standard input");
   npz_fail("missing.npz:a", DSPK_ENOENT, "missing.npz");
   npz_fail("stored.npz:", DSPK_EINVAL, "empty array name");
   npz_fail("zs.npz:zz", DSPK_ENOENT, "it has: a, c, raw, bad");
@@ -842,7 +938,11 @@ static void test_fd_streams(void **state) {
                      DSPK_EINVAL);
     close(fds[0]);
     assert_int_equal(waitpid(pid, NULL, 0), pid);
-    if (strstr(err, "<stdin>: not a .npy file but a zip archive") == NULL)
+    /* What a stream takes, not a file's renaming (probe 22 D2). */
+    if (strstr(err, "<stdin>: not a .npy file but a zip archive (an .npz?): a stream "
+                    "(standard input, a pipe, a device) carries one .npy, never an "
+                    "archive: save the archive as a file named FILE.npz and give "
+                    "FILE.npz:NAME (FILE.npz alone for its only array)") == NULL)
       fail_msg("zip stream, step %d: '%s'", step, err);
   }
   assert_int_equal(pipe(fds), 0);
@@ -944,6 +1044,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_numpy_files),
       cmocka_unit_test(test_numpy_reads_ours),
       cmocka_unit_test(test_malformed_headers),
+      cmocka_unit_test(test_numpy_reads_accepted),
       cmocka_unit_test(test_malformed_preamble),
       cmocka_unit_test(test_malformed_files),
       cmocka_unit_test(test_npz),
