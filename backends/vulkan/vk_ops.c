@@ -126,6 +126,12 @@ static int preamble(char *s, size_t n, dspk_dtype dt) {
       "T cmul(T a, T b) {\n#if CPLX\n"
       "  return T(a.x*b.x - a.y*b.y, a.x*b.y + a.y*b.x);\n#else\n"
       "  return a*b;\n#endif\n}\n"
+      /* map mul's product: each part's two products and their sum rounded,
+       * no fused multiply-add (precise), as cpu:0's and fir's one tap */
+      "T pmul(T a, T b) {\n#if CPLX\n"
+      "  precise R p = a.x * b.x, q = a.y * b.y, u = a.x * b.y, v = a.y * b.x;\n"
+      "  return T(p - q, u + v);\n#else\n"
+      "  return a*b;\n#endif\n}\n"
       "#if CPLX\n" CABS_GLSL "#endif\n",
       DSPK__VK_WG, T, R, is_cplx(dt), is_dbl(dt));
 }
@@ -519,7 +525,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   switch (op->u.map.fn) {
   case DSPK_MAP_ADD: expr = "a[pc.oa+i] + b[pc.ob+i]"; break;
   case DSPK_MAP_SUB: expr = "a[pc.oa+i] - b[pc.ob+i]"; break;
-  case DSPK_MAP_MUL: expr = "cmul(a[pc.oa+i], b[pc.ob+i])"; break;
+  case DSPK_MAP_MUL: expr = "pmul(a[pc.oa+i], b[pc.ob+i])"; break;
   case DSPK_MAP_SCALE: expr = "pc.alpha * a[pc.oa+i]"; break;
   case DSPK_MAP_AXPY: expr = "pc.alpha * a[pc.oa+i] + b[pc.ob+i]"; break;
   case DSPK_MAP_ABS: expr = is_cplx(dt) ? "cabs(a[pc.oa+i])" : "abs(a[pc.oa+i])"; break;
@@ -817,7 +823,7 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
               "  first, i0; } pc;\n"
               "shared T hs[%d];\n"
               "%s"
-              /* one tap: H[0]*X exactly, as numpy's product (no fused
+              /* one tap: H[0]*X exactly, each part's products and sum rounded (no fused
                * multiply-add, no sum from +0: a -0 tap gives -0) */
               "T mul1(T a, T b) {\n#if CPLX\n"
               "  precise R p = a.x * b.x, q = a.y * b.y, u = a.x * b.y, v = a.y * b.x;\n"

@@ -6012,8 +6012,10 @@ class Client:
                  trans_b: Flag = False, device: str = "any",
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
-        # beta as dspk-submit's --beta (cli.md): 1 when c is given, 0 without; a
-        # nonzero beta without c would silently add nothing.  Nonzero as the daemon
+        # beta defaults as dspk-submit's --beta (cli.md): 1 when c is given, 0
+        # without; a nonzero beta without c would silently add nothing, so it is
+        # refused, where a zero one is taken as the protocol takes it (dspk-submit
+        # refuses any --beta without C, zero too).  Nonzero as the daemon
         # decides it (protocol.md): the value the product computes with, so in an f32
         # product (f32, f16, bf16) one that rounds to 0 in f32 (1e-50) is 0, as alpha's
         # 0 that reads neither a nor b.

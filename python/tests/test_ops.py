@@ -51,8 +51,9 @@ def test_gemm(client, dtype):
 def test_gemm_beta_follows_c(client):
     """gemm(a, b, c) ignored c (beta defaulted to 0.0) where dspk-submit gemm A B C adds
     it, and gemm(a, b, beta=2.0) silently ignored beta.  Now beta defaults to 1.0 with c
-    and 0.0 without, an explicit beta=0.0 with c reads no c, and a nonzero beta without
-    c is InvalidArgument, as cli.md's --beta."""
+    and 0.0 without, an explicit beta=0.0 with c reads no c, a nonzero beta without c
+    is InvalidArgument and a zero one is taken (python.md; dspk-submit's --beta is
+    refused without C whatever its value, cli.md)."""
     a, b, c = rand((5, 3), np.float64), rand((3, 4), np.float64), rand((5, 4), np.float64)
     close(client.gemm(a, b, c), a @ b + c, np.float64)
     close(client.submit("gemm", a, b, c).result(TIMEOUT), a @ b + c, np.float64)
@@ -61,6 +62,7 @@ def test_gemm_beta_follows_c(client):
     close(client.gemm(a, b, nan, beta=0.0), a @ b, np.float64)     # BLAS: reads no c
     close(client.gemm(a, b), a @ b, np.float64)
     close(client.gemm(a, b, beta=0.0), a @ b, np.float64)
+    close(client.gemm(a, b, beta=-0.0), a @ b, np.float64)
     for beta in (2.0, -1, 1e-300):
         with pytest.raises(dspk.InvalidArgument, match="beta"):
             client.gemm(a, b, beta=beta)
