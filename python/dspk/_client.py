@@ -219,11 +219,33 @@ _OURS = tuple(os.path.dirname(f) + os.sep for f in
           if f)
 
 
-class _Mapping:
+class _Uncopyable:
+    """A base of the client's objects that hold or stand for memory mapped in this
+    process or a daemon buffer, a request, a lock or a thread of one connection (a
+    shared array's _Mapping, a lent result's _Lease, a shared temporary, the claims,
+    staged lists and jobs that own buffers): ``pickle``, ``copy.copy`` and
+    ``copy.deepcopy`` raise TypeError naming it.  A copy would carry a raw address
+    (read after the mapping is gone, or in another process: a crash) or a second
+    owner of the same buffer that keeps nothing alive (a temporary given back, and
+    written by a later task, while the copy's arrays still read it) (probe 22 C1, C2).
+    numpy arrays made from them pickle and copy their data as any array."""
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("cannot pickle or copy a dspk %s (%s of this process): pickle or copy "
+                        "the numpy array made from it (numpy.array(a) copies its data)"
+                        % (type(self).__name__, self._copy_what))
+
+    _copy_what = "an object of one dspk connection"
+
+
+class _Mapping(_Uncopyable):
     """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor.
     ``numpy.asarray(mapping)`` is a uint8 array of its bytes whose base is the mapping,
     so every view keeps it alive; it is unmapped when the last of them is collected
-    (not at interpreter exit, when something might still read it)."""
+    (not at interpreter exit, when something might still read it).  pickle and
+    copy: TypeError (_Uncopyable)."""
+    _copy_what = "a mapping of shared memory"
 
     def __init__(self, fd: int, size: int) -> None:
         addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
@@ -400,7 +422,7 @@ class _Defer(Exception):
     goes to the client's worker thread instead (Client._defer)."""
 
 
-class _Job:
+class _Job(_Uncopyable):
     """One submit() handed to the client's worker thread: the op (``fn``, the bound
     ``_op_<name>``, and its arguments), the future submit() returned, and the future of
     the request the worker sent (``inner``; None until then).  ``stop``: canceled
@@ -419,7 +441,7 @@ class _Job:
         self.stop = False
 
 
-class _Runner:
+class _Runner(_Uncopyable):
     """A client thread started by _launch: its token, the ident it runs on (0 until it
     runs), and the process that launched it (a child of fork() has no such thread)."""
     __slots__ = ("ident", "pid")
@@ -523,7 +545,7 @@ class _SendWaitTimeout(Exception):
     """_SendLock.claim: the deadline passed (never a signal handler's TimeoutError)."""
 
 
-class _SendLock:
+class _SendLock(_Uncopyable):
     """The right to write on the connection, safe against interruptions.
 
     A ``threading.Lock`` acquired by a call (``lock.acquire(timeout=...)``) cannot be
@@ -597,7 +619,7 @@ class _SharedRef(weakref.ref):
         super().__init__(ob, callback)
 
 
-class _Claim:
+class _Claim(_Uncopyable):
     """The record that owns a buffer a call makes (buffer.create) from before its answer
     is read until the call hands the buffer over (the DeviceArray returned, the staged
     operand listed for its free): held by the call's frame, so an interruption anywhere
@@ -627,7 +649,7 @@ class _ClaimRef(weakref.ref):
         super().__init__(ob, callback)
 
 
-class _Staged(list):  # of buffer ids
+class _Staged(_Uncopyable, list):  # of buffer ids
     """The temporary buffers of a task's staged operands, with the _Claim of each
     (``claims``: buffer id -> claim): the claims live as long as this list, which
     travels from the staging to the code that frees the buffers (the task sent, or the
@@ -658,7 +680,7 @@ def _owed_buffer(item: Any) -> int:
     return item.buffer if isinstance(item, _SharedRef) else item
 
 
-class _Temp:
+class _Temp(_Uncopyable):
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
     __slots__ = ("buffer", "device", "size", "mm", "view", "busy", "used", "held")
@@ -675,14 +697,17 @@ class _Temp:
         self.held = held  # the task's list holding it while busy (None when idle)
 
 
-class _Lease:
+class _Lease(_Uncopyable):
     """What a lent result is a view of: ``numpy.asarray(lease)`` is the result itself
     (``dtype`` and ``shape`` at the start of a shared temporary's mapping), whose
     ``base`` is the lease, as python.md says.  It holds the mapping (``mm``), so that
     the mapping outlives every view, also past the client's close() or the
     temporary's free.  Its collection, once no view is left, is what gives the
-    temporary back (_Lent): nothing runs then."""
+    temporary back (_Lent): nothing runs then.  pickle and copy: TypeError
+    (_Uncopyable): a copy carried the raw address (a crash once the mapping was
+    gone, or in another process), and an array made from it kept nothing lent."""
     __slots__ = ("mm", "__array_interface__", "__weakref__")
+    _copy_what = "a lent result's lease, the mapping of a shared temporary"
 
     def __init__(self, mm: Any, address: int, dtype: np.dtype,
                  shape: Tuple[int, ...]) -> None:
@@ -713,7 +738,7 @@ class _Lent(weakref.ref):
         return None if self() is not None else 1
 
 
-class _TempList(list):  # of _Temp
+class _TempList(_Uncopyable, list):  # of _Temp
     """The shared temporaries one task holds (Client._run's ``shm``); ``fut``, the
     future whose completion ends their use (set as _run returns it); ``ended``, set
     as _run leaves by an exception (the first statement of its handlers: no signal
@@ -999,7 +1024,7 @@ def _waiter_usable(waiter: Any) -> bool:
     return True
 
 
-class _Held:
+class _Held(_Uncopyable):
     """A lock taken already, given back at the end of a ``with`` block (a thread other
     than the main one: no signal handler runs between the two)."""
     __slots__ = ("lock",)
@@ -1482,7 +1507,7 @@ def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> N
         pass
 
 
-class _Call:
+class _Call(_Uncopyable):
     __slots__ = ("future", "decode", "progress", "is_async", "method")
 
     def __init__(self, future: TaskFuture, decode: Optional[Callable[[Any], Any]],
@@ -1575,7 +1600,7 @@ class _RState(NamedTuple):
     fresh: bool = False
 
 
-class _Direct:
+class _Direct(_Uncopyable):
     """A buffer.read answer received straight into its destination ``into``:
     ``recvs`` holds (token, bytes before, bytes received) of each recv_into, the
     last stored by C code as the call returns (the first: the bytes copied from the
