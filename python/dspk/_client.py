@@ -219,6 +219,14 @@ _OURS = tuple(os.path.dirname(f) + os.sep for f in
           if f)
 
 
+# _no_cycle: an exception kept in a local of the frame that raised or caught it holds
+# that frame (its traceback) and the frame holds it, with every other local of the
+# frame: the operands, the request's future, the task's temporaries.  That reference
+# cycle kept them (a lent operand's temporary, a future and its lent result, their
+# daemon buffers) until a garbage collection (probe 22 C3).  The client sets such a
+# local to None as it leaves the frame ("see _no_cycle").
+
+
 class _Uncopyable:
     """A base of the client's objects that hold or stand for memory mapped in this
     process or a daemon buffer, a request, a lock or a thread of one connection (a
@@ -396,9 +404,12 @@ def _as_dspk_errors(fn: _F, untraced: bool) -> _F:
             return fn(*args, **kwargs)
         except (OSError, MemoryError) as e:
             err = _as_error(e)
-            if err is e:
-                raise
-            raise err from None
+            try:
+                if err is e:
+                    raise
+                raise err from None
+            finally:
+                err = None  # see _no_cycle
         finally:
             if tracer is not None:
                 sys.settrace(tracer)
@@ -1182,13 +1193,21 @@ class TaskFuture(concurrent.futures.Future):
         here: a user's callback is posted once per attempt and runs once all the
         same (add_done_callback), the client's own settle what is settled already,
         which does nothing.  What a callback raises as an Exception is logged, as
-        concurrent.futures does."""
+        concurrent.futures does.  Once all ran, the future lets go of them (a new
+        empty list; ``_ran`` stays, so a run beside this one, on the old list, ends
+        as before and a settle once more finds nothing left to run): the client's
+        own callbacks hold the futures they complete (a worker's submit() follows
+        its task's future, a staged task's reads), which hold this one, and those
+        reference cycles kept the futures, their lent results and their daemon
+        buffers until a garbage collection (probe 22 C3)."""
         if self._state not in _DONE_STATES:
             return  # an interruption came before the state changed
         callbacks = self._done_callbacks
         while True:
             i = self._ran
             if i >= len(callbacks):
+                if callbacks and callbacks is self._done_callbacks:
+                    self._done_callbacks = []
                 return
             try:
                 callbacks[i](self)
@@ -3304,6 +3323,7 @@ class Client:
                     err = _errors.IOFailure("sending %s: %s" % (
                         self._request_at(mark), _errors._describe(e)))
                 self._fail_call(mark, err)
+                err = mark = views = None  # see _no_cycle
         finally:
             if sl.owner is token:  # no call before the store
                 sl.owner = None
@@ -3447,6 +3467,14 @@ class Client:
                     "a request was cut after %d of its %d bytes by %s; the connection "
                     "is closed" % (sent, total, type(e).__name__)))
             raise
+        finally:
+            # The socket's exception kept in ``ours`` holds this frame (its traceback)
+            # and the frame holds it, with the message's views and ``mark``, the
+            # request's future: a reference cycle on every send that waited for room,
+            # which kept the future, its lent result and its daemon buffers until a
+            # garbage collection (probe 22 C3).  So does the lost socket's error (``e``
+            # of _LostWhileSending).
+            ours = e = None
 
     def _take_queued_notice(self) -> None:
         """After a send failed (EPIPE, ECONNRESET): the daemon closed the connection
@@ -3602,7 +3630,10 @@ class Client:
             self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-        raise err
+        try:
+            raise err
+        finally:
+            err = mark = None  # see _no_cycle
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -4206,7 +4237,9 @@ class Client:
                 elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                     err = _errors.ProtocolError("%s: a malformed answer (%s)" % (
                         what, _errors._describe(e)))
-                return (self._answered, (msg[1], call, None, err))
+                done = (self._answered, (msg[1], call, None, err))
+                call = err = None  # see _no_cycle
+                return done
             return (self._answered, (msg[1], call, value, None))
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
@@ -4574,7 +4607,7 @@ class Client:
         user._owner = weakref.ref(self)
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
-        user._add_inline(lambda f, job=job: self._job_done(job))
+        user._add_inline(self._job_done)  # (no closure over the job: see _job_done)
         with self._work_lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -4660,6 +4693,7 @@ class Client:
         if inner is None:
             if err is not None:
                 self._settle(user, exc=err)
+            job = user = err = None  # see _no_cycle (follow below is not made)
             return
 
         def follow(f: concurrent.futures.Future) -> None:
@@ -4672,16 +4706,23 @@ class Client:
 
         inner._add_inline(follow)
 
-    def _job_done(self, job: _Job) -> None:
+    def _job_done(self, user: concurrent.futures.Future) -> None:
         """The future of a deferred submit() is done: canceled (future.cancel()), its
-        task is canceled too, or never sent."""
-        if not job.future.cancelled():
-            return
-        with self._work_lock:
-            inner = job.inner
-            job.stop = True
-        if inner is not None:
-            inner.cancel()
+        task is canceled too, or never sent.  Then the future lets go of its job
+        (``_job``; what it sent is its ``_via``): the job holds the future, and that
+        reference cycle kept the future, its lent result and its daemon buffers
+        until a garbage collection (probe 22 C3).  A job still queued (canceled
+        before the worker took it) holds the future until the worker skips it."""
+        job = getattr(user, "_job", None)
+        if job is None:
+            return  # run again after an interruption cut it past its end
+        if user.cancelled():
+            with self._work_lock:
+                inner = job.inner
+                job.stop = True
+            if inner is not None:
+                inner.cancel()
+        user._job = None  # type: ignore[attr-defined]
 
     def _fail_jobs(self) -> None:
         """close(): the deferred submit()s not yet taken by the worker end with
@@ -4791,6 +4832,8 @@ class Client:
             raise _errors.InvalidArgument("cancel: not a future of this connection's "
                                           "submit()")
         job = future._job
+        if job is None and not future._msgid and future.done():
+            return False  # a deferred submit() ended before its task was sent
         if job is not None:
             with self._work_lock:
                 inner = job.inner
@@ -5490,7 +5533,10 @@ class Client:
         # Operands the daemon's op would refuse: its error, before any is sent.
         refused = _op_refusal(op, inputs, options, self._limits)
         if refused is not None:
-            raise refused
+            try:
+                raise refused
+            finally:
+                refused = None  # see _no_cycle
         if outputs is not None:
             # out= must hold the result (protocol.md: ERANGE before any work).  The
             # daemon bounds the result by the out= buffer only, and a view (a slice of a
@@ -5803,7 +5849,10 @@ class Client:
                          any(t.held() is lease for lease in shm.leases)]
                 for t in mine:
                     self._temps.remove(t)
+                    if t.held is shm:
+                        t.held = None  # (a cycle with shm: see below)
             self._temp_free(mine)
+            del shm[:]
         shm.fut = None
         shm.owner = []
         shm.leases = []
@@ -5984,6 +6033,7 @@ class Client:
                                                 "answer (%s)" % (inner.msgid,
                                                                  _errors._describe(e)))
                 finish(exc=err)
+                err = None  # see _no_cycle
                 return
             left = [len(reads)]
             counted: Set[int] = set()
