@@ -219,11 +219,41 @@ _OURS = tuple(os.path.dirname(f) + os.sep for f in
           if f)
 
 
-class _Mapping:
+# _no_cycle: an exception kept in a local of the frame that raised or caught it holds
+# that frame (its traceback) and the frame holds it, with every other local of the
+# frame: the operands, the request's future, the task's temporaries.  That reference
+# cycle kept them (a lent operand's temporary, a future and its lent result, their
+# daemon buffers) until a garbage collection (probe 22 C3).  The client sets such a
+# local to None as it leaves the frame ("see _no_cycle").
+
+
+class _Uncopyable:
+    """A base of the client's objects that hold or stand for memory mapped in this
+    process or a daemon buffer, a request, a lock or a thread of one connection (a
+    shared array's _Mapping, a lent result's _Lease, a shared temporary, the claims,
+    staged lists and jobs that own buffers): ``pickle``, ``copy.copy`` and
+    ``copy.deepcopy`` raise TypeError naming it.  A copy would carry a raw address
+    (read after the mapping is gone, or in another process: a crash) or a second
+    owner of the same buffer that keeps nothing alive (a temporary given back, and
+    written by a later task, while the copy's arrays still read it) (probe 22 C1, C2).
+    numpy arrays made from them pickle and copy their data as any array."""
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("cannot pickle or copy a dspk %s (%s of this process): pickle or copy "
+                        "the numpy array made from it (numpy.array(a) copies its data)"
+                        % (type(self).__name__, self._copy_what))
+
+    _copy_what = "an object of one dspk connection"
+
+
+class _Mapping(_Uncopyable):
     """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor.
     ``numpy.asarray(mapping)`` is a uint8 array of its bytes whose base is the mapping,
     so every view keeps it alive; it is unmapped when the last of them is collected
-    (not at interpreter exit, when something might still read it)."""
+    (not at interpreter exit, when something might still read it).  pickle and
+    copy: TypeError (_Uncopyable)."""
+    _copy_what = "a mapping of shared memory"
 
     def __init__(self, fd: int, size: int) -> None:
         addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
@@ -374,9 +404,12 @@ def _as_dspk_errors(fn: _F, untraced: bool) -> _F:
             return fn(*args, **kwargs)
         except (OSError, MemoryError) as e:
             err = _as_error(e)
-            if err is e:
-                raise
-            raise err from None
+            try:
+                if err is e:
+                    raise
+                raise err from None
+            finally:
+                err = None  # see _no_cycle
         finally:
             if tracer is not None:
                 sys.settrace(tracer)
@@ -400,7 +433,7 @@ class _Defer(Exception):
     goes to the client's worker thread instead (Client._defer)."""
 
 
-class _Job:
+class _Job(_Uncopyable):
     """One submit() handed to the client's worker thread: the op (``fn``, the bound
     ``_op_<name>``, and its arguments), the future submit() returned, and the future of
     the request the worker sent (``inner``; None until then).  ``stop``: canceled
@@ -419,7 +452,7 @@ class _Job:
         self.stop = False
 
 
-class _Runner:
+class _Runner(_Uncopyable):
     """A client thread started by _launch: its token, the ident it runs on (0 until it
     runs), and the process that launched it (a child of fork() has no such thread)."""
     __slots__ = ("ident", "pid")
@@ -523,7 +556,7 @@ class _SendWaitTimeout(Exception):
     """_SendLock.claim: the deadline passed (never a signal handler's TimeoutError)."""
 
 
-class _SendLock:
+class _SendLock(_Uncopyable):
     """The right to write on the connection, safe against interruptions.
 
     A ``threading.Lock`` acquired by a call (``lock.acquire(timeout=...)``) cannot be
@@ -597,7 +630,7 @@ class _SharedRef(weakref.ref):
         super().__init__(ob, callback)
 
 
-class _Claim:
+class _Claim(_Uncopyable):
     """The record that owns a buffer a call makes (buffer.create) from before its answer
     is read until the call hands the buffer over (the DeviceArray returned, the staged
     operand listed for its free): held by the call's frame, so an interruption anywhere
@@ -627,7 +660,7 @@ class _ClaimRef(weakref.ref):
         super().__init__(ob, callback)
 
 
-class _Staged(list):  # of buffer ids
+class _Staged(_Uncopyable, list):  # of buffer ids
     """The temporary buffers of a task's staged operands, with the _Claim of each
     (``claims``: buffer id -> claim): the claims live as long as this list, which
     travels from the staging to the code that frees the buffers (the task sent, or the
@@ -658,7 +691,7 @@ def _owed_buffer(item: Any) -> int:
     return item.buffer if isinstance(item, _SharedRef) else item
 
 
-class _Temp:
+class _Temp(_Uncopyable):
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
     __slots__ = ("buffer", "device", "size", "mm", "view", "busy", "used", "held")
@@ -675,14 +708,17 @@ class _Temp:
         self.held = held  # the task's list holding it while busy (None when idle)
 
 
-class _Lease:
+class _Lease(_Uncopyable):
     """What a lent result is a view of: ``numpy.asarray(lease)`` is the result itself
     (``dtype`` and ``shape`` at the start of a shared temporary's mapping), whose
     ``base`` is the lease, as python.md says.  It holds the mapping (``mm``), so that
     the mapping outlives every view, also past the client's close() or the
     temporary's free.  Its collection, once no view is left, is what gives the
-    temporary back (_Lent): nothing runs then."""
+    temporary back (_Lent): nothing runs then.  pickle and copy: TypeError
+    (_Uncopyable): a copy carried the raw address (a crash once the mapping was
+    gone, or in another process), and an array made from it kept nothing lent."""
     __slots__ = ("mm", "__array_interface__", "__weakref__")
+    _copy_what = "a lent result's lease, the mapping of a shared temporary"
 
     def __init__(self, mm: Any, address: int, dtype: np.dtype,
                  shape: Tuple[int, ...]) -> None:
@@ -713,7 +749,7 @@ class _Lent(weakref.ref):
         return None if self() is not None else 1
 
 
-class _TempList(list):  # of _Temp
+class _TempList(_Uncopyable, list):  # of _Temp
     """The shared temporaries one task holds (Client._run's ``shm``); ``fut``, the
     future whose completion ends their use (set as _run returns it); ``ended``, set
     as _run leaves by an exception (the first statement of its handlers: no signal
@@ -999,7 +1035,7 @@ def _waiter_usable(waiter: Any) -> bool:
     return True
 
 
-class _Held:
+class _Held(_Uncopyable):
     """A lock taken already, given back at the end of a ``with`` block (a thread other
     than the main one: no signal handler runs between the two)."""
     __slots__ = ("lock",)
@@ -1157,13 +1193,21 @@ class TaskFuture(concurrent.futures.Future):
         here: a user's callback is posted once per attempt and runs once all the
         same (add_done_callback), the client's own settle what is settled already,
         which does nothing.  What a callback raises as an Exception is logged, as
-        concurrent.futures does."""
+        concurrent.futures does.  Once all ran, the future lets go of them (a new
+        empty list; ``_ran`` stays, so a run beside this one, on the old list, ends
+        as before and a settle once more finds nothing left to run): the client's
+        own callbacks hold the futures they complete (a worker's submit() follows
+        its task's future, a staged task's reads), which hold this one, and those
+        reference cycles kept the futures, their lent results and their daemon
+        buffers until a garbage collection (probe 22 C3)."""
         if self._state not in _DONE_STATES:
             return  # an interruption came before the state changed
         callbacks = self._done_callbacks
         while True:
             i = self._ran
             if i >= len(callbacks):
+                if callbacks and callbacks is self._done_callbacks:
+                    self._done_callbacks = []
                 return
             try:
                 callbacks[i](self)
@@ -1482,7 +1526,7 @@ def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> N
         pass
 
 
-class _Call:
+class _Call(_Uncopyable):
     __slots__ = ("future", "decode", "progress", "is_async", "method")
 
     def __init__(self, future: TaskFuture, decode: Optional[Callable[[Any], Any]],
@@ -1575,7 +1619,7 @@ class _RState(NamedTuple):
     fresh: bool = False
 
 
-class _Direct:
+class _Direct(_Uncopyable):
     """A buffer.read answer received straight into its destination ``into``:
     ``recvs`` holds (token, bytes before, bytes received) of each recv_into, the
     last stored by C code as the call returns (the first: the bytes copied from the
@@ -3279,6 +3323,7 @@ class Client:
                     err = _errors.IOFailure("sending %s: %s" % (
                         self._request_at(mark), _errors._describe(e)))
                 self._fail_call(mark, err)
+                err = mark = views = None  # see _no_cycle
         finally:
             if sl.owner is token:  # no call before the store
                 sl.owner = None
@@ -3422,6 +3467,14 @@ class Client:
                     "a request was cut after %d of its %d bytes by %s; the connection "
                     "is closed" % (sent, total, type(e).__name__)))
             raise
+        finally:
+            # The socket's exception kept in ``ours`` holds this frame (its traceback)
+            # and the frame holds it, with the message's views and ``mark``, the
+            # request's future: a reference cycle on every send that waited for room,
+            # which kept the future, its lent result and its daemon buffers until a
+            # garbage collection (probe 22 C3).  So does the lost socket's error (``e``
+            # of _LostWhileSending).
+            ours = e = None
 
     def _take_queued_notice(self) -> None:
         """After a send failed (EPIPE, ECONNRESET): the daemon closed the connection
@@ -3577,7 +3630,10 @@ class Client:
             self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-        raise err
+        try:
+            raise err
+        finally:
+            err = mark = None  # see _no_cycle
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -4181,7 +4237,9 @@ class Client:
                 elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                     err = _errors.ProtocolError("%s: a malformed answer (%s)" % (
                         what, _errors._describe(e)))
-                return (self._answered, (msg[1], call, None, err))
+                done = (self._answered, (msg[1], call, None, err))
+                call = err = None  # see _no_cycle
+                return done
             return (self._answered, (msg[1], call, value, None))
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
@@ -4549,7 +4607,7 @@ class Client:
         user._owner = weakref.ref(self)
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
-        user._add_inline(lambda f, job=job: self._job_done(job))
+        user._add_inline(self._job_done)  # (no closure over the job: see _job_done)
         with self._work_lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -4635,6 +4693,7 @@ class Client:
         if inner is None:
             if err is not None:
                 self._settle(user, exc=err)
+            job = user = err = None  # see _no_cycle (follow below is not made)
             return
 
         def follow(f: concurrent.futures.Future) -> None:
@@ -4647,16 +4706,23 @@ class Client:
 
         inner._add_inline(follow)
 
-    def _job_done(self, job: _Job) -> None:
+    def _job_done(self, user: concurrent.futures.Future) -> None:
         """The future of a deferred submit() is done: canceled (future.cancel()), its
-        task is canceled too, or never sent."""
-        if not job.future.cancelled():
-            return
-        with self._work_lock:
-            inner = job.inner
-            job.stop = True
-        if inner is not None:
-            inner.cancel()
+        task is canceled too, or never sent.  Then the future lets go of its job
+        (``_job``; what it sent is its ``_via``): the job holds the future, and that
+        reference cycle kept the future, its lent result and its daemon buffers
+        until a garbage collection (probe 22 C3).  A job still queued (canceled
+        before the worker took it) holds the future until the worker skips it."""
+        job = getattr(user, "_job", None)
+        if job is None:
+            return  # run again after an interruption cut it past its end
+        if user.cancelled():
+            with self._work_lock:
+                inner = job.inner
+                job.stop = True
+            if inner is not None:
+                inner.cancel()
+        user._job = None  # type: ignore[attr-defined]
 
     def _fail_jobs(self) -> None:
         """close(): the deferred submit()s not yet taken by the worker end with
@@ -4766,6 +4832,8 @@ class Client:
             raise _errors.InvalidArgument("cancel: not a future of this connection's "
                                           "submit()")
         job = future._job
+        if job is None and not future._msgid and future.done():
+            return False  # a deferred submit() ended before its task was sent
         if job is not None:
             with self._work_lock:
                 inner = job.inner
@@ -5465,7 +5533,10 @@ class Client:
         # Operands the daemon's op would refuse: its error, before any is sent.
         refused = _op_refusal(op, inputs, options, self._limits)
         if refused is not None:
-            raise refused
+            try:
+                raise refused
+            finally:
+                refused = None  # see _no_cycle
         if outputs is not None:
             # out= must hold the result (protocol.md: ERANGE before any work).  The
             # daemon bounds the result by the out= buffer only, and a view (a slice of a
@@ -5778,7 +5849,10 @@ class Client:
                          any(t.held() is lease for lease in shm.leases)]
                 for t in mine:
                     self._temps.remove(t)
+                    if t.held is shm:
+                        t.held = None  # (a cycle with shm: see below)
             self._temp_free(mine)
+            del shm[:]
         shm.fut = None
         shm.owner = []
         shm.leases = []
@@ -5959,6 +6033,7 @@ class Client:
                                                 "answer (%s)" % (inner.msgid,
                                                                  _errors._describe(e)))
                 finish(exc=err)
+                err = None  # see _no_cycle
                 return
             left = [len(reads)]
             counted: Set[int] = set()

@@ -6,7 +6,7 @@ import math
 import numbers
 import signal
 import types
-from typing import Any, Callable, Mapping, Tuple, TypeVar
+from typing import Any, Callable, Mapping, Optional, Tuple, TypeVar
 
 import numpy as np
 
@@ -83,18 +83,56 @@ def user_code(what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T
         raise InvalidArgument("%s: %s" % (what, _describe(e))) from e
 
 
+_REFUSED = (np.ma.MaskedArray, np.matrix)
+_NESTED = (list, tuple)
+# How deep as_ndarray looks into nested lists and tuples: numpy takes no more
+# dimensions than this (NPY_MAXDIMS is 32 in numpy 1, 64 in numpy 2), so a deeper
+# one is refused by numpy itself (and a list that holds itself ends the look).
+_NEST_MAX = 64
+
+
+def _refused_inside(seq: Any, depth: int = 0) -> Optional[Tuple[str, Any]]:
+    """The first element (its index path "[i][j]", and itself) of nested lists and
+    tuples that is a numpy.ma.MaskedArray or a numpy.matrix; None when none is.  A
+    level whose element types (set(map(type, ...)), C code) hold neither these nor a
+    list or tuple is not walked in Python: a long flat list costs little."""
+    if depth >= _NEST_MAX:
+        return None
+    kinds = set(map(type, seq))
+    if not any(issubclass(k, _REFUSED) or issubclass(k, _NESTED) for k in kinds):
+        return None
+    for i, e in enumerate(seq):
+        if isinstance(e, _REFUSED):
+            return "[%d]" % i, e
+        if isinstance(e, _NESTED):
+            got = _refused_inside(e, depth + 1)
+            if got is not None:
+                return "[%d]%s" % (i, got[0]), got[1]
+    return None
+
+
+def _refusal(x: Any, what: str) -> InvalidArgument:
+    if isinstance(x, np.ma.MaskedArray):
+        return InvalidArgument("%s: a numpy.ma.MaskedArray (dspk computes on plain arrays: "
+                               "its mask would be ignored): pass x.filled(value) or "
+                               "x.compressed()" % what)
+    return InvalidArgument("%s: a numpy.matrix (dspk computes on plain arrays and "
+                           "gives plain arrays back): pass numpy.asarray(x)" % what)
+
+
 def as_ndarray(x: Any, what: str) -> np.ndarray:
     """``numpy.asarray(x)`` for an operand named ``what``.  A numpy.ma.MaskedArray
     (numpy.asarray drops its mask: the values under it would be computed with) and a
     numpy.matrix (always 2-D: its reductions keep the axis, dspk's results would not)
-    are dspk.InvalidArgument, and so is anything numpy fails to convert (user_code)."""
-    if isinstance(x, np.ma.MaskedArray):
-        raise InvalidArgument("%s: a numpy.ma.MaskedArray (dspk computes on plain arrays: "
-                              "its mask would be ignored): pass x.filled(value) or "
-                              "x.compressed()" % what)
-    if isinstance(x, np.matrix):
-        raise InvalidArgument("%s: a numpy.matrix (dspk computes on plain arrays and "
-                              "gives plain arrays back): pass numpy.asarray(x)" % what)
+    are dspk.InvalidArgument, as the operand or as an element of it, in nested lists
+    and tuples (numpy.asarray drops the mask there too: probe 22 C4), and so is
+    anything numpy fails to convert (user_code)."""
+    if isinstance(x, _REFUSED):
+        raise _refusal(x, what)
+    if isinstance(x, _NESTED):
+        got = _refused_inside(x)
+        if got is not None:
+            raise _refusal(got[1], "%s: element %s" % (what, got[0]))
     return user_code("%s: not an array" % what, np.asarray, x)
 
 

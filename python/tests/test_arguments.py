@@ -410,6 +410,46 @@ def test_masked_arrays_and_matrices_are_refused(client, kind):
     assert client.ping() > 0
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # numpy.matrix's
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_masked_arrays_and_matrices_inside_lists_are_refused_too(client, kind):
+    """The rule is the same for every operand form: a MaskedArray or a numpy.matrix as
+    an element of a list or tuple operand (nested too) is InvalidArgument naming the
+    operand and the element.  numpy.asarray([ma]) drops the mask as well, and a list
+    was taken: reduce([ma]) summed the masked value in (6 where ma.sum() is 4), and
+    to_bfloat16([ma]) and [np.matrix] passed (probe 22 C4)."""
+    if kind == "masked":
+        v = np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])
+        match = "numpy.ma.MaskedArray"
+    else:
+        v = np.asmatrix([[1.0, 2.0, 3.0]])
+        match = "numpy.matrix"
+    calls = [
+        ("input 0: element \\[0\\]", lambda: client.reduce([v])),
+        ("input 0: element \\[1\\]\\[0\\]", lambda: client.reduce(([4.0, 5.0, 6.0], (v,)))),
+        ("input 1: element \\[0\\]", lambda: client.map("add", [[1.0, 2.0, 3.0]], [v])),
+        ("input 0: element \\[2\\]", lambda: client.submit("map", "exp", [[7.0, 8.0, 9.0], (1.0, 2.0, 3.0), v])),
+        ("array: element \\[0\\]", lambda: client.to_device([v])),
+        ("to_bfloat16: element \\[0\\]", lambda: dspk.to_bfloat16([v])),
+        ("from_bfloat16: element \\[0\\]", lambda: dspk.from_bfloat16([v])),
+    ]
+    for what, call in calls:
+        with pytest.raises(dspk.InvalidArgument, match="%s: a %s" % (what, match)):
+            call()
+    if kind == "masked":  # numpy's masked constant is a MaskedArray too
+        with pytest.raises(dspk.InvalidArgument, match="element \\[1\\]: a numpy.ma"):
+            client.reduce([1.0, np.ma.masked])
+    # plain arrays, lists and tuples in a list are taken as numpy.asarray takes them
+    assert client.reduce([np.asarray(v).ravel(), [1.0, 1.0, 1.0], (2.0, 2.0, 2.0)]) == \
+        pytest.approx(float(np.asarray(v).sum()) + 9.0)
+    assert client.reduce(list(np.arange(1000.0))) == pytest.approx(499500.0)
+    nested = []
+    nested.append(nested)  # a list that holds itself: numpy's own error, not a hang
+    with pytest.raises(dspk.InvalidArgument, match="input 0: not an array"):
+        client.reduce(nested)
+    assert client.ping() > 0
+
+
 def test_operands_numpy_cannot_take(client):
     """A ragged list raised numpy's bare ValueError; now InvalidArgument (still a
     ValueError) naming the input; a dtype error names the input too."""

@@ -1090,3 +1090,104 @@ def test_task_future_refuses_the_executor_side_non_callables_and_pickle(client):
     g.cancel()
     done, _ = concurrent.futures.wait([g], timeout=TIMEOUT)
     assert g in done
+
+
+def _cyclic_garbage_of_dspk():
+    """What a garbage collection finds unreachable that is the client's: its objects
+    (futures, jobs, temporaries, leases...) and frames of its code (an exception's
+    traceback kept in a cycle)."""
+    import collections
+    import gc
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = collections.Counter(
+            type(o).__name__ if type(o).__module__.startswith("dspk") else
+            "frame " + o.f_code.co_name
+            for o in gc.garbage
+            if type(o).__module__.startswith("dspk") or
+            (type(o).__name__ == "frame" and os.sep + "dspk" + os.sep in
+             o.f_code.co_filename))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.collect()
+    return dict(found)
+
+
+def test_dropped_futures_results_and_errors_leave_no_reference_cycles(client):
+    """With the cyclic garbage collector off, what the caller drops (futures of
+    submit(), lent results, errors) is freed by reference counting alone: nothing of
+    the client's is left in a reference cycle, so lent temporaries and daemon buffers
+    go back at once (python.md "Lent results").  A deferred submit()'s future and its
+    job held each other, a future the callback that follows it, a send that waited
+    for room its socket error (holding the request's future), an operand refused its
+    error (holding the operands): each kept futures, lent results and buffers until a
+    garbage collection, and with threads mixing calls and submit() later results
+    were copied instead of lent (probe 22 C3)."""
+    import gc
+    from dspk._client import _Lent
+    big = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: staged or lent
+    small = np.ones(64)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        _cyclic_garbage_of_dspk()
+        for thr in (0, 64, 1 << 16):
+            client.shared_threshold = thr
+            for x in (small, big):
+                f = client.submit("map", "scale", x, alpha=2.0)
+                np.testing.assert_array_equal(f.result(), 2 * x)
+                del f
+                fs = [client.submit("map", "add", x, x) for _ in range(5)]
+                concurrent.futures.wait(fs)
+                del fs
+                f = client.submit("map", "add", x, x)
+                f.cancel()
+                del f
+                r = client.map("scale", x, alpha=3.0)
+                np.testing.assert_array_equal(r, 3 * x)
+                with pytest.raises(dspk.ShapeError):
+                    client.gemm(r.reshape(-1, 2), r.reshape(-1, 2))  # refused here
+                with pytest.raises(dspk.ShapeError):
+                    client.submit("fir", r, np.ones(0))  # refused here, a lent operand
+                del r
+                f = client.submit("map", "add", x, x)
+                client.cancel(f)  # canceled in the daemon, or done first
+                e = f.exception(TIMEOUT)
+                assert e is None or isinstance(e, dspk.Canceled), e
+                del f, e
+                client.ping()
+                assert _cyclic_garbage_of_dspk() == {}, (thr, x.size)
+        client.shared_threshold = 64
+        errors = []
+
+        def work(k):
+            try:
+                for _ in range(10):
+                    x = small * k
+                    r = client.map("scale", x, alpha=1.0)
+                    np.testing.assert_array_equal(r, x)
+                    np.testing.assert_array_equal(client.submit("map", "add", x, x)
+                                                  .result(TIMEOUT), 2 * x)
+                    client.submit("map", "add", big, big)  # dropped at once
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(1, 5)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(TIMEOUT)
+        assert not errors, errors
+        client.ping()
+        assert _cyclic_garbage_of_dspk() == {}
+        # nothing of ours alive: no temporary is still lent, and the next result is
+        client.ping()
+        lent = [t for t in client._temps if isinstance(t.held, _Lent)]
+        assert lent == [], lent
+        r = client.map("scale", small, alpha=1.0)
+        assert type(r.base).__name__ == "_Lease"
+    finally:
+        if was:
+            gc.enable()

@@ -1233,6 +1233,68 @@ def test_lent_result_base_is_the_clients_lease(client):
     np.testing.assert_array_equal(rs[3], 2 * w)
 
 
+def test_lent_lease_shared_mapping_and_temporaries_refuse_pickle_and_copy(client):
+    """A lent result's ``base`` (the _Lease), its mapping, a shared array's mapping and
+    the client's temporaries refuse pickle, copy.copy and copy.deepcopy with TypeError,
+    as DeviceArray, Client and TaskFuture do (python.md "Lent results").  They were
+    copied: a pickle or deepcopy carried the raw address of the mapping (np.asarray
+    of it once the mapping was gone, or in another process: SIGSEGV), and an array
+    made from copy.copy(lease) did not keep the temporary lent, so the next result
+    was written into it (probe 22 C1, C2).  The arrays themselves pickle and copy
+    their data, as any numpy array."""
+    import copy
+    import pickle
+    from dspk._client import _Lease, _Mapping, _memory_owner
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: lent
+    r = client.map("scale", x, alpha=2.0, device="cpu:0")
+    t = _lent_temp(client, r)
+    assert t is not None and type(r.base) is _Lease
+    s = client.empty_shared(16, np.float64)
+    s[:] = 1.5
+    owner = _memory_owner(s)
+    assert type(owner) is _Mapping
+    things = [r.base, r.base.mm, owner, t, t.held()]
+    for obj in things:
+        for how in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot pickle or copy a dspk "):
+                how(obj)
+    with pytest.raises(TypeError, match=r"dspk _Lease \(a lent result's lease"):
+        copy.copy(r.base)
+    # the arrays: copies of their data, the result still lent and intact
+    for arr, want in ((r, 2 * x), (s, np.full(16, 1.5))):
+        for back in (pickle.loads(pickle.dumps(arr)), copy.copy(arr), copy.deepcopy(arr),
+                     copy.deepcopy([arr])[0]):
+            assert not np.shares_memory(back, arr)
+            np.testing.assert_array_equal(back, want)
+    assert _lent_temp(client, r) is t and t.held() is r.base
+    again = client.map("scale", x, alpha=5.0, device="cpu:0")
+    assert not np.shares_memory(again, r)
+    np.testing.assert_array_equal(r, 2 * x)
+    np.testing.assert_array_equal(again, 5 * x)
+
+
+def test_every_connection_bound_class_refuses_pickle_and_copy():
+    """Each class of the client whose objects hold mapped memory, a daemon buffer, a
+    request, a lock or a thread of a connection refuses pickle and copy (probe 22
+    C1): the mixin is there, and a bare object of each says so."""
+    import copy
+    import pickle
+    from dspk import _client as C
+    for name in ("_Mapping", "_Lease", "_Temp", "_TempList", "_Staged", "_Claim", "_Job",
+                 "_Call", "_Direct", "_SendLock", "_Runner", "_Held"):
+        cls = getattr(C, name)
+        assert issubclass(cls, C._Uncopyable), name
+        obj = cls.__new__(cls)
+        for how in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot pickle or copy a dspk %s " % name):
+                how(obj)
+    # the weak references and the futures' lock are refused by CPython itself
+    for obj in (C._Lent(C._Claim(), None), C._FutureLock()):
+        for how in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError):
+                how(obj)
+
+
 def _lent_refusal():
     return ("out= must be a DeviceArray or a shared array (Client.empty_shared, or a "
             "C-contiguous slice of one) of this connection, got a lent result (a view of "
