@@ -768,6 +768,18 @@ again:
       cached = 0;
       goto again;
     }
+    if (r == DSPK_EINVAL && !cached) {
+      /* The clamping refused the validated module (vk_spvrobust.c):
+       * where that is for a capability no kernel may declare (a
+       * PhysicalStorageBuffer64 addressing model, variable pointers), the
+       * capability's ENOTSUP says more, as it did before the clamping. */
+      char why[1024] = "";
+      if (dspk__vk_spv_caps(w, nbytes / 4, d->kcaps, d->nkcaps, why, sizeof why) ==
+          DSPK_ENOTSUP) {
+        r = DSPK_ENOTSUP;
+        snprintf(msg, sizeof msg, "%s", why);
+      }
+    }
     if (!r && cached)
       d->kernel_cache_hits++;
     /* From here on the module is the clamped one (vk_spvrobust.c): every
