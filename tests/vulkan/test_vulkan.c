@@ -2892,6 +2892,33 @@ static void t_cache_restart(void **state) {
   h_cache_unlink(path);
 }
 
+/* The persistent cache holds glslang's module of a client's kernel, not a
+ * clamped one (a file written before the clamping existed holds the same),
+ * and the clamping runs on every module it serves: after a restart the
+ * kernel of t_raw_oob_private comes from the file (kernel_cache_hits) and
+ * its indices are still clamped. */
+static void t_raw_oob_cached(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-cache-XXXXXX";
+  assert_int_equal(h_cache_path(path), 0);
+  struct dspk__dev *saved = D;
+  for (int round = 0; round < 2; round++) {
+    struct dspk__cache *c;
+    struct dspk__devstats st = {0};
+    assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+    struct dspk__devenv env = {.cache = c};
+    assert_int_equal(VKB->open(0, &env, &D), 0);
+    raw_oob_check("glsl", raw_oob_glsl, strlen(raw_oob_glsl));
+    VKB->stats(D, &st);
+    VKB->close(D);
+    D = saved;
+    dspk__cache_close(c);
+    assert_int_equal(st.kernels_compiled, round == 0 ? 1 : 0);
+    assert_int_equal(st.kernel_cache_hits, round == 0 ? 0 : 1);
+  }
+  h_cache_unlink(path);
+}
+
 /* One gemm with alpha 1.5 (and beta -0.5 with C), A uploaded `apad` bytes
  * into its block: returns the run's result (DSPK_ENOTSUP from a forced
  * candidate that cannot run it), and fails the test when a run that
@@ -3853,6 +3880,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_owner), cmocka_unit_test(t_spv_mark),
       cmocka_unit_test(t_raw_compile_limits),
       cmocka_unit_test(t_cache_restart),
+      cmocka_unit_test(t_raw_oob_cached),
       cmocka_unit_test(t_gemm_cands),
       cmocka_unit_test(t_gemm_small),
       cmocka_unit_test(t_gemm_small_cancel),
