@@ -7,7 +7,9 @@
  * id nothing defines).  So every raw kernel's module (lang spirv, and the
  * SPIR-V glslang made of a client's GLSL) goes through SPIRV-Tools'
  * validator (spirv-val's library) for the Vulkan version the device was
- * created with, and one it refuses never reaches the driver.  The daemon's
+ * created with, and one it refuses never reaches the driver.  In the same
+ * child the validated module's indices are clamped (vk_spvrobust.c) and the
+ * result validated again; the child answers with that module.  The daemon's
  * generated kernels are ours and are not validated here.
  *
  * The validator is paid once per module: kernels are memoized per device
