@@ -221,8 +221,27 @@ static void on_grace(uv_timer_t *t) {
     uv_timer_start(&d->grace_timer, on_grace, GRACE_FLUSH_MS, 0);
     return;
   }
-  dspkd_warn("connections still open %d ms after the deadline: closing them",
-             GRACE_FLUSH_MS);
+  {
+    /* Said as it is (probe 22 F3): connections whose client is still
+     * there, and tasks that still run for clients already gone (a raw
+     * kernel runs to its end; the process exits once they end). */
+    size_t open = 0, orphans = 0;
+    for (struct conn *c = d->conns; c; c = c->next) {
+      if (!c->closing)
+        open++;
+      else
+        for (struct job *j = c->jobs; j; j = j->cnext)
+          orphans++;
+    }
+    if (open)
+      dspkd_warn("connections still open %d ms after the deadline: closing them",
+                 GRACE_FLUSH_MS);
+    if (orphans)
+      dspkd_warn("%zu task%s of closed connections still running %d ms after the deadline "
+                 "(%s not stopped by its cancel): the daemon exits when %s",
+                 orphans, orphans == 1 ? "" : "s", GRACE_FLUSH_MS,
+                 orphans == 1 ? "it is" : "they are", orphans == 1 ? "it ends" : "they end");
+  }
   /* A job.end still waiting for its job's connections, closed here, is
    * answered first (with them its answer would be lost). */
   dspkd_jobs_answer_ends(d);

@@ -454,7 +454,8 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
 /* A device's running_op: {name, age_ms, client?}; ud: struct running_op. */
 struct running_op {
   const struct dev_activity *act;
-  bool mine;  /* the caller sees whose work it is (dspkd_sees_uid) */
+  bool mine;    /* the caller sees whose work it is (dspkd_sees_uid) */
+  bool closed;  /* its connection is closed (the client gone), the task runs on */
 };
 
 static void pack_running_op(const void *ud, struct dspk__wbuf *w) {
@@ -464,8 +465,13 @@ static void pack_running_op(const void *ud, struct dspk__wbuf *w) {
    * as trace shows it; no op, no connection. */
   v[DSPK__RO_NAME] = dspk__pv_str(ro->mine ? ro->act->what : DSPKD_OTHER_WORK);
   v[DSPK__RO_AGE_MS] = dspk__pv_uint(ro->act->age_ns / 1000000);
-  if (ro->mine && ro->act->client)
+  if (ro->mine && ro->act->client) {
     v[DSPK__RO_CLIENT] = dspk__pv_uint(ro->act->client);
+    /* A task outlives its connection until it ends (a raw kernel runs to
+     * its end, protocol.md): the id names a connection that is gone. */
+    if (ro->closed)
+      v[DSPK__RO_CLOSED] = dspk__pv_bool(true);
+  }
   dspk__map_encode(w, dspk__running_op_f, DSPK__RO_COUNT, v);
 }
 
@@ -510,6 +516,12 @@ static void st_devices(const void *ud, struct dspk__wbuf *w) {
     /* Whose job it is as the clients list tells: to an admin, and to the
      * job's own user. */
     ro.mine = dspkd_sees_uid(r->c, x->admin, act.uid);
+    if (act.running && act.client) {
+      const struct conn *c = d->conns;
+      while (c && c->id != act.client)
+        c = c->next;
+      ro.closed = !c || c->closing;
+    }
     v[DSPK__SV_ID] = dspk__pv_str(dev->id);
     v[DSPK__SV_QUEUED] = dspk__pv_uint(q);
     v[DSPK__SV_RUNNING] = dspk__pv_uint(run);

@@ -155,6 +155,8 @@ const struct dspk__param dspk__running_op_f[DSPK__RO_COUNT] = {
     [DSPK__RO_NAME] = RES("name", DSPK__T_STR),
     [DSPK__RO_AGE_MS] = RES("age_ms", DSPK__T_UINT),
     [DSPK__RO_CLIENT] = RES_OPT("client", DSPK__T_UINT),
+    /* with client: its connection has closed, the task runs to its end. */
+    [DSPK__RO_CLOSED] = RES_OPT("closed", DSPK__T_BOOL),
 };
 const struct dspk__param dspk__devstats_f[DSPK__DS_COUNT] = {
     [DSPK__DS_POOL_BYTES_IN_USE] = RES("pool_bytes_in_use", DSPK__T_UINT),

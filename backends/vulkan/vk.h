@@ -416,12 +416,23 @@ int dspk__vk_spv_caps(const uint32_t *w, size_t nw, const uint32_t *ok, int nok,
  * "raw") before anything else reads the module. */
 int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
                           size_t msglen);
-/* A client's module validated as above in a child, `EXE --kernel-compile
- * spvval:API` under the limits of kcompile.h (in this process when d has
- * no executable for children), its id bound checked first (ELIMIT past
- * 65536 + 4 per word); *cancel stops it. */
+/* A client's module validated as above, its indices clamped
+ * (dspk__vk_spv_robust) and the result validated again, in a child, `EXE
+ * --kernel-compile spvval:API` under the limits of kcompile.h (in this
+ * process when d has no executable for children), its id bound checked
+ * first (ELIMIT past 65536 + 4 per word); *cancel stops it.  0 with the
+ * clamped module in *out (malloc'd, *nout words), or the error with msg. */
 int dspk__vk_spv_validate_client(struct dspk__dev *d, const uint32_t *w, size_t nw,
-                                 atomic_int *cancel, char *msg, size_t msglen);
+                                 atomic_int *cancel, uint32_t **out, size_t *nout, char *msg,
+                                 size_t msglen);
+/* Valid module w (nw words, for Vulkan 1.3 when vulkan13, else 1.2) with
+ * every access-chain index clamped into its array, vector or matrix
+ * (SPIRV-Tools' graphics-robust-access pass), but those into storage and
+ * uniform buffers, which Vulkan's robustness bounds (vk_spvrobust.c): 0
+ * with *out (malloc'd, *nout words), DSPK_EINVAL with msg when the module
+ * cannot be bounded so, DSPK_ENOMEM. */
+int dspk__vk_spv_robust(int vulkan13, const uint32_t *w, size_t nw, uint32_t **out,
+                        size_t *nout, char *msg, size_t msglen);
 /* The child's side (backends/registry.c): validates what it reads for
  * Vulkan apiVersion api (decimal). */
 int dspk__vk_spvval_main(const char *api);

@@ -742,8 +742,8 @@ again:
   if (raw) {
     char msg[1024] = "", mark[48];
     const uint32_t *w = spirv;
-    uint32_t *copy = NULL, *z = NULL;
-    size_t nz = 0, nw = 0;
+    uint32_t *copy = NULL, *z = NULL, *clamped = NULL;
+    size_t nz = 0, nw = 0, ncl = 0;
     if ((uintptr_t)spirv % sizeof(uint32_t)) {
       if (!(copy = malloc(nbytes))) {
         r = DSPK_ENOMEM;
@@ -752,8 +752,8 @@ again:
       memcpy(copy, spirv, nbytes);
       w = copy;
     }
-    r = dspk__vk_spv_validate_client(d, w, nbytes / 4, ctx ? ctx->cancel : NULL, msg,
-                                     sizeof msg);
+    r = dspk__vk_spv_validate_client(d, w, nbytes / 4, ctx ? ctx->cancel : NULL, &clamped,
+                                     &ncl, msg, sizeof msg);
     if (cached && r && r != DSPK_ENOMEM && r != DSPK_ECANCELED) {
       /* The module the cache served was stored once the validator and
        * the driver had taken it (glsl_store): refused now, it was damaged
@@ -768,8 +768,30 @@ again:
       cached = 0;
       goto again;
     }
+    if (r == DSPK_EINVAL && !cached) {
+      /* The clamping refused the validated module (vk_spvrobust.c):
+       * where that is for a capability no kernel may declare (a
+       * PhysicalStorageBuffer64 addressing model, variable pointers), the
+       * capability's ENOTSUP says more, as it did before the clamping. */
+      char why[1024] = "";
+      if (dspk__vk_spv_caps(w, nbytes / 4, d->kcaps, d->nkcaps, why, sizeof why) ==
+          DSPK_ENOTSUP) {
+        r = DSPK_ENOTSUP;
+        snprintf(msg, sizeof msg, "%s", why);
+      }
+    }
     if (!r && cached)
       d->kernel_cache_hits++;
+    /* From here on the module is the clamped one (vk_spvrobust.c): every
+     * index into memory other than a buffer is within its array, whether
+     * the module was the client's, compiled now or served by the cache,
+     * which holds glslang's output and never a clamped module. */
+    if (!r) {
+      free(copy);
+      copy = clamped;
+      w = clamped;
+      nbytes = ncl * 4;
+    }
     if (!r)
       r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
                              sizeof msg);

@@ -7,7 +7,9 @@
  * id nothing defines).  So every raw kernel's module (lang spirv, and the
  * SPIR-V glslang made of a client's GLSL) goes through SPIRV-Tools'
  * validator (spirv-val's library) for the Vulkan version the device was
- * created with, and one it refuses never reaches the driver.  The daemon's
+ * created with, and one it refuses never reaches the driver.  In the same
+ * child the validated module's indices are clamped (vk_spvrobust.c) and the
+ * result validated again; the child answers with that module.  The daemon's
  * generated kernels are ours and are not validated here.
  *
  * The validator is paid once per module: kernels are memoized per device
@@ -92,16 +94,53 @@ int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
  * the device, so a daemon validates a client's module in a child,
  * `EXE --kernel-compile spvval:API`, under the limits of kcompile.h. */
 
+/* The module validated, clamped (vk_spvrobust.c) and validated again: 0
+ * with *out (malloc'd, *nout words), or the error with msg. */
+static int validate_clamp(uint32_t api, const uint32_t *w, size_t nw, uint32_t **out,
+                          size_t *nout, char *msg, size_t msglen) {
+  const char *envname;
+  uint32_t *o = NULL;
+  size_t no = 0;
+  int r = dspk__vk_spv_validate(api, w, nw, msg, msglen);
+  if (!r)
+    r = dspk__vk_spv_robust(env_of(api, &envname) == SPV_ENV_VULKAN_1_3, w, nw, &o, &no, msg,
+                            msglen);
+  if (r)
+    return r;
+  /* The pass's output is SPIRV-Tools', not the client's: refused here, it
+   * is the daemon's failure to bound the module, said as such. */
+  char why[1024] = "";
+  r = dspk__vk_spv_validate(api, o, no, why, sizeof why);
+  if (r) {
+    free(o);
+    if (r == DSPK_ENOMEM)
+      return r;
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "kernel: the daemon cannot bound this "
+                      "module's memory accesses: the module with its indices clamped is "
+                      "not valid (%s)", why);
+  }
+  *out = o;
+  *nout = no;
+  return 0;
+}
+
 static int validate_fn(void *ud, const char *in, size_t len, void **bin, size_t *binlen,
                        char *log, size_t loglen) {
   uint32_t api = *(const uint32_t *)ud;
+  uint32_t *o = NULL;
+  size_t no = 0;
+  *bin = NULL;
+  *binlen = 0;
   if (len % 4)
     return DSPK_EINVAL;
   /* in is malloc'd (kcompile.c): its words are aligned. */
-  int r = dspk__vk_spv_validate(api, (const uint32_t *)(const void *)in, len / 4, log, loglen);
-  *bin = NULL;
-  *binlen = 0;
-  return r;
+  int r = validate_clamp(api, (const uint32_t *)(const void *)in, len / 4, &o, &no, log,
+                         loglen);
+  if (r)
+    return r;
+  *bin = o;
+  *binlen = no * 4;
+  return 0;
 }
 
 int dspk__vk_spvval_main(const char *api) {
@@ -115,7 +154,8 @@ int dspk__vk_spvval_main(const char *api) {
 }
 
 int dspk__vk_spv_validate_client(struct dspk__dev *d, const uint32_t *w, size_t nw,
-                                 atomic_int *cancel, char *msg, size_t msglen) {
+                                 atomic_int *cancel, uint32_t **out, size_t *nout, char *msg,
+                                 size_t msglen) {
   char lang[64];
   void *bin = NULL;
   size_t binlen = 0;
@@ -141,10 +181,18 @@ int dspk__vk_spv_validate_client(struct dspk__dev *d, const uint32_t *w, size_t 
                       "%llu (65536 + 4 per word of its %zu words)", (unsigned)w[3],
                       (unsigned long long)most, nw);
   if (!d->env.compile_exe)
-    return dspk__vk_spv_validate(d->props.apiVersion, w, nw, msg, msglen);
+    return validate_clamp(d->props.apiVersion, w, nw, out, nout, msg, msglen);
   snprintf(lang, sizeof lang, "spvval:%u", (unsigned)d->props.apiVersion);
   int r = dspk__kcompile_run(NULL, d->env.compile_exe, lang, (const char *)w, nw * 4, cancel,
                              &bin, &binlen, msg, msglen);
-  free(bin);
-  return r;
+  if (r)
+    return r;
+  if (binlen % 4 || binlen < 20) {
+    free(bin);
+    return dspk__fail(msg, msglen, DSPK_ECOMPILE, "spirv: the validator's child gave no "
+                      "module");
+  }
+  *out = bin;
+  *nout = binlen / 4;
+  return 0;
 }

@@ -501,12 +501,13 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_usage(ctx, "-o -: standard output is a terminal; "
                                   "redirect it to a file or a pipe");
   }
-  if (entry == NULL)
-    return dspk__sub_usage(ctx, "missing --entry NAME");
-  if (entry[0] == '\0')
-    return dspk__sub_usage(ctx, "--entry \"\": the name is empty (a GLSL shader's is main)");
-  if (!have_grid || !have_block)
-    return dspk__sub_usage(ctx, "missing --%s", have_grid ? "block" : "grid");
+  /* --entry, --grid and --block default as the protocol's fields do
+   * (docs/protocol.md, kernel: entry "main", grid and block 1): a GLSL
+   * shader's entry is always main and its work-group size its own, so on
+   * vulkan neither --entry nor --block is needed (probe 22 F2). */
+  if (entry != NULL && entry[0] == '\0')
+    return dspk__sub_usage(ctx, "--entry \"\": the name is empty (leave --entry out for "
+                                "main; a GLSL shader's is main)");
   if (argc - optind - 1 > DSPK_KERNEL_MAX_ARGS)
     return dspk__sub_usage(ctx, "more than %d kernel arguments",
                            DSPK_KERNEL_MAX_ARGS);

@@ -2020,6 +2020,15 @@ def suite_kernel(cli, tmp, dspkd):
                        r"tensor 1: f64 \(4,\) on vulkan:0, %s: \[0, 0, 0, 0\] "
                        r"\(4 values\)\n" % (TIME, TIME), out),
           "kernel summaries %r" % out)
+    # --entry, --grid and --block default as the protocol's fields (main, 1,
+    # 1): a GLSL kernel needs none of them (probe 22 F2: "missing --entry").
+    out = cli.ok("kernel", src, "-d", "vulkan:0", "zeros:f32:4", "zeros:f64:4", "i32:4",
+                 "f32:1", "f64:1")
+    check(re.fullmatch(r"tensor 0: f32 \(4,\) on vulkan:0, %s: \[0, 1, 2, 3\] "
+                       r"\(4 values\)\n"
+                       r"tensor 1: f64 \(4,\) on vulkan:0, %s: \[0, 0, 0, 0\] "
+                       r"\(4 values\)\n" % (TIME, TIME), out),
+          "kernel without --entry, --grid, --block %r" % out)
     # --json: every tensor argument, where it ran, its time.
     j = json.loads(cli.ok("kernel", src, "-e", "main", "-g", "1", "-b", "64",
                           "-d", "vulkan:0", "zeros:f32:4", "zeros:f64:4",

@@ -903,6 +903,43 @@ def t_fast(exe, tmp):
     d.stop()
 
 
+def t_orphan(exe, tmp):
+    """A task that outlives its client (probe 22 F3; a raw kernel runs to its
+    end): status shows its running_op with its connection's id and closed:
+    true, and at a stop the log says that a task of a closed connection still
+    runs past the deadline, not "connections still open" when none is.  The
+    test hook DSPKD_TEST_CANCEL_WAIT=before:FILE holds the runner, before the
+    task runs, until the task's cancel (its client's leaving) and then until
+    FILE exists, as a task that does not look at its cancel flag would."""
+    go = os.path.join(tmp, "orphan-go")
+    env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before:" + go)
+    d = Daemon(exe, tmp, ["--shutdown-timeout", "300"], env=env)
+    a, probe = d.client(), d.client()
+    a.call("ping")
+    aid = [x["id"] for x in probe.call("status")["clients"] if not x["self"]][0]
+    long_task(a, big=False)  # a runner's task (a small one runs on the loop)
+    wait_log(d, "the runner waits for the task's cancel before it runs", "the task reached the hook")
+    st = [x for x in probe.call("status")["devices"] if x["id"] == "cpu:0"][0]
+    check(st["running_op"] is not None and st["running_op"].get("client") == aid and
+          "closed" not in st["running_op"], "running, its client there: %r" % st)
+    a.close()
+    wait_log(d, "it waits for the file " + go, "the task's cancel came with its client's leaving")
+    st = [x for x in probe.call("status")["devices"] if x["id"] == "cpu:0"][0]
+    check(st["running_op"] is not None and st["running_op"].get("client") == aid and
+          st["running_op"].get("closed") is True,
+          "running, its client gone: closed: true %r" % st)
+    probe.close()
+    d.proc.send_signal(signal.SIGTERM)
+    want = "1 task of closed connections still running 2000 ms after the deadline"
+    wait_log(d, want, "the stop says the task of a closed connection runs on")
+    with open(go, "w"):
+        pass
+    check(d.wait() == 0, "exit 0 once the task ended:\n" + d.logtext())
+    log = d.logtext()
+    check("connections still open" not in log, "no connection is said open:\n" + log)
+    os.unlink(go)
+
+
 def wait_log(d, text, what):
     deadline = time.monotonic() + TIMEOUT
     while text not in d.logtext():
@@ -2740,6 +2777,7 @@ GROUPS = {
     "stopcut": t_stopcut,
     "fdlimit": t_fdlimit,
     "cycles": t_cycles,
+    "orphan": t_orphan,
 }
 
 

@@ -1328,8 +1328,19 @@ static void t_raw_len0(void **state) {
 
 /* Runs raw GLSL src over tensors t[0..n) (each an argument, in order),
  * then the scalars sc[0..nsc), grid 1; returns run's code, msg the message. */
+static int raw_over_lang(const char *lang, const void *src, size_t srclen,
+                         struct dspk__tensor *t, int n, const struct dspk__karg *sc, int nsc,
+                         char *msg, size_t len);
+
 static int raw_over_sc(const char *src, struct dspk__tensor *t, int n,
                        const struct dspk__karg *sc, int nsc, char *msg, size_t len) {
+  return raw_over_lang("glsl", src, strlen(src), t, n, sc, nsc, msg, len);
+}
+
+/* raw_over_sc for a kernel of language lang (glsl, spirv), srclen bytes. */
+static int raw_over_lang(const char *lang, const void *src, size_t srclen,
+                         struct dspk__tensor *t, int n, const struct dspk__karg *sc, int nsc,
+                         char *msg, size_t len) {
   struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = n};
   for (int i = 0; i < n; i++) {
     op.in[i] = t[i];
@@ -1338,9 +1349,11 @@ static int raw_over_sc(const char *src, struct dspk__tensor *t, int n,
   for (int i = 0; i < nsc; i++)
     op.u.kernel.args[n + i] = sc[i];
   op.u.kernel.nargs = n + nsc;
-  op.u.kernel.lang = "glsl";
+  op.u.kernel.lang = lang;
   op.u.kernel.source = src;
-  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.source_len = srclen;
+  if (strcmp(lang, "spirv") == 0)
+    snprintf(op.u.kernel.entry, sizeof op.u.kernel.entry, "main");
   op.u.kernel.grid[0] = 1;
   assert_int_equal(dspk__op_infer(&op, msg, len), 0);
   struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = len};
@@ -1587,6 +1600,156 @@ static void t_raw_bounded(void **state) {
       fail_msg("word %d of the block became %#x: a store past the tensor landed", i, back[i]);
   VKB->free(D, t[0].mem);
   VKB->free(D, t[1].mem);
+}
+
+/* A raw kernel's indices into memory other than its buffers are clamped
+ * into their arrays (vk_spvrobust.c; probe 22 F1: on lavapipe a `shared`
+ * array indexed past its end read the daemon's heap, a store landed there,
+ * and a far index ended the process).  The kernel fills three neighbouring
+ * workgroup arrays, a private and a local array, a local vector and a local
+ * matrix, then stores through index i into the middle workgroup array and
+ * into each of the others, reads back through i, and copies everything
+ * out.  For every i, near and far, negative too, the store and the load
+ * went to element clamp(i, 0, 3) and nothing else changed: the reference
+ * is computed here, independently of the rewrite. */
+static const char raw_oob_glsl[] =
+    "#version 450\n"
+    "layout(local_size_x = 1) in;\n"
+    "layout(std430, binding = 0) buffer O { uint o[]; };\n"
+    "layout(push_constant) uniform P { int i; } p;\n"
+    "shared uint g[4];\n"
+    "shared uint s[4];\n"
+    "shared uint h[4];\n"
+    "uint pv[4];\n"
+    "void main() {\n"
+    "  uint f[4]; uvec4 v; mat4 m; int i = p.i;\n"
+    "  for (int k = 0; k < 4; k++) { g[k] = 0x600u + uint(k); s[k] = 0x500u + uint(k);\n"
+    "    h[k] = 0x700u + uint(k); pv[k] = 0x800u + uint(k); f[k] = 0x900u + uint(k);\n"
+    "    v[k] = 0xa00u + uint(k); m[k] = vec4(float(k)); }\n"
+    "  s[i] = 0xdeadu; pv[i] = 0xbeefu; f[i] = 0xf00du; v[i] = 0xcafeu; m[i][i] = 99.0;\n"
+    "  o[0] = s[i]; o[1] = pv[i]; o[2] = f[i]; o[3] = v[i]; o[4] = uint(m[i][i]);\n"
+    "  for (int k = 0; k < 4; k++) { o[5 + k] = g[k]; o[9 + k] = s[k]; o[13 + k] = h[k];\n"
+    "    o[17 + k] = pv[k]; o[21 + k] = f[k]; o[25 + k] = v[k]; o[29 + k] = uint(m[k][k]); }\n"
+    "}\n";
+
+static void raw_oob_check(const char *lang, const void *src, size_t len) {
+  static const int32_t idx[] = {0,      3,     4,          5,           100,    -1,
+                                -5,     24576, -8192,      100000,      -100000,
+                                INT32_MAX, INT32_MIN};
+  for (size_t j = 0; j < sizeof idx / sizeof idx[0]; j++) {
+    int32_t i = idx[j];
+    uint32_t c = i < 0 ? 0 : i > 3 ? 3 : (uint32_t)i, o[33], want[33];
+    struct dspk__tensor t = words(33);
+    struct dspk__karg a = {.kind = DSPK__KARG_I32, .v.i32 = i};
+    char msg[512];
+    int r = raw_over_lang(lang, src, len, &t, 1, &a, 1, msg, sizeof msg);
+    if (r)
+      fail_msg("%s, index %d: %d %s", lang, (int)i, r, msg);
+    assert_int_equal(VKB->read(D, t.mem, 0, o, sizeof o), 0);
+    VKB->free(D, t.mem);
+    want[0] = 0xdead, want[1] = 0xbeef, want[2] = 0xf00d, want[3] = 0xcafe, want[4] = 99;
+    for (uint32_t k = 0; k < 4; k++) {
+      want[5 + k] = 0x600 + k;
+      want[9 + k] = k == c ? 0xdead : 0x500 + k;
+      want[13 + k] = 0x700 + k;
+      want[17 + k] = k == c ? 0xbeef : 0x800 + k;
+      want[21 + k] = k == c ? 0xf00d : 0x900 + k;
+      want[25 + k] = k == c ? 0xcafe : 0xa00 + k;
+      want[29 + k] = k == c ? 99 : k;
+    }
+    for (int k = 0; k < 33; k++)
+      if (o[k] != want[k])
+        fail_msg("%s, index %d: word %d is %#x, want %#x (the access is not clamped to "
+                 "element %u)", lang, (int)i, k, o[k], want[k], c);
+  }
+}
+
+/* The same in SPIR-V assembled here: constant indices past the end and
+ * negative (OpInBoundsAccessChain, which the validator takes, and a
+ * dynamic OpAccessChain), into a workgroup array between two others. */
+static const char raw_oob_asm[] =
+    "OpCapability Shader\n"
+    "OpMemoryModel Logical GLSL450\n"
+    "OpEntryPoint GLCompute %main \"main\"\n"
+    "OpExecutionMode %main LocalSize 1 1 1\n"
+    "OpDecorate %rt ArrayStride 4\n"
+    "OpMemberDecorate %blk 0 Offset 0\n"
+    "OpDecorate %blk Block\n"
+    "OpDecorate %ob DescriptorSet 0\n"
+    "OpDecorate %ob Binding 0\n"
+    "OpMemberDecorate %pcb 0 Offset 0\n"
+    "OpDecorate %pcb Block\n"
+    "%void = OpTypeVoid\n"
+    "%fn = OpTypeFunction %void\n"
+    "%u32 = OpTypeInt 32 0\n"
+    "%i32 = OpTypeInt 32 1\n"
+    "%c0 = OpConstant %i32 0\n"
+    "%c4 = OpConstant %u32 4\n"
+    "%c7 = OpConstant %i32 7\n"
+    "%cm9 = OpConstant %i32 -9\n"
+    "%dead = OpConstant %u32 57005\n"
+    "%beef = OpConstant %u32 48879\n"
+    "%arr = OpTypeArray %u32 %c4\n"
+    "%parr = OpTypePointer Workgroup %arr\n"
+    "%pwu = OpTypePointer Workgroup %u32\n"
+    "%rt = OpTypeRuntimeArray %u32\n"
+    "%blk = OpTypeStruct %rt\n"
+    "%pblk = OpTypePointer StorageBuffer %blk\n"
+    "%psu = OpTypePointer StorageBuffer %u32\n"
+    "%pcb = OpTypeStruct %i32\n"
+    "%ppcb = OpTypePointer PushConstant %pcb\n"
+    "%ppci = OpTypePointer PushConstant %i32\n"
+    "%g = OpVariable %parr Workgroup\n"
+    "%s = OpVariable %parr Workgroup\n"
+    "%h = OpVariable %parr Workgroup\n"
+    "%ob = OpVariable %pblk StorageBuffer\n"
+    "%pc = OpVariable %ppcb PushConstant\n"
+    "%main = OpFunction %void None %fn\n"
+    "%l = OpLabel\n"
+    "%pi = OpAccessChain %ppci %pc %c0\n"
+    "%i = OpLoad %i32 %pi\n"
+    "%s7 = OpInBoundsAccessChain %pwu %s %c7\n"
+    "OpStore %s7 %dead\n"
+    "%sm9 = OpInBoundsAccessChain %pwu %s %cm9\n"
+    "OpStore %sm9 %beef\n"
+    "%si = OpAccessChain %pwu %s %i\n"
+    "%vi = OpLoad %u32 %si\n"
+    "%o0 = OpAccessChain %psu %ob %c0 %c0\n"
+    "OpStore %o0 %vi\n"
+    "OpReturn\n"
+    "OpFunctionEnd\n";
+
+static uint32_t *to_spirv(const char *src, size_t *nw);
+static void spv_assemble(const char *text, uint32_t **w, size_t *nw);
+
+static void t_raw_oob_private(void **state) {
+  (void)state;
+  raw_oob_check("glsl", raw_oob_glsl, strlen(raw_oob_glsl));
+  size_t nw;
+  uint32_t *w = to_spirv(raw_oob_glsl, &nw);
+  raw_oob_check("spirv", w, nw * 4);
+  free(w);
+  /* The assembled module: s[7] = 0xdead lands in s[3], s[-9] = 0xbeef in
+   * s[0]; a load through i reads s[clamp(i, 0, 3)], zero elsewhere (the
+   * module writes nothing else; the device zeroes workgroup memory). */
+  spv_assemble(raw_oob_asm, &w, &nw);
+  static const int32_t idx[] = {0, 3, 7, -9, 1, 100000, INT32_MIN};
+  for (size_t j = 0; j < sizeof idx / sizeof idx[0]; j++) {
+    int32_t i = idx[j];
+    uint32_t c = i < 0 ? 0 : i > 3 ? 3 : (uint32_t)i, o = 1;
+    uint32_t want = c == 3 ? 0xdead : c == 0 ? 0xbeef : 0;
+    struct dspk__tensor t = words(1);
+    struct dspk__karg a = {.kind = DSPK__KARG_I32, .v.i32 = i};
+    char msg[512];
+    int r = raw_over_lang("spirv", w, nw * 4, &t, 1, &a, 1, msg, sizeof msg);
+    if (r)
+      fail_msg("assembled, index %d: %d %s", (int)i, r, msg);
+    assert_int_equal(VKB->read(D, t.mem, 0, &o, sizeof o), 0);
+    VKB->free(D, t.mem);
+    if (o != want)
+      fail_msg("assembled, index %d: read %#x, want %#x", (int)i, o, want);
+  }
+  free(w);
 }
 
 /* A raw kernel's tensor at a multiple of its item size but not of the
@@ -2729,6 +2892,33 @@ static void t_cache_restart(void **state) {
   h_cache_unlink(path);
 }
 
+/* The persistent cache holds glslang's module of a client's kernel, not a
+ * clamped one (a file written before the clamping existed holds the same),
+ * and the clamping runs on every module it serves: after a restart the
+ * kernel of t_raw_oob_private comes from the file (kernel_cache_hits) and
+ * its indices are still clamped. */
+static void t_raw_oob_cached(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-cache-XXXXXX";
+  assert_int_equal(h_cache_path(path), 0);
+  struct dspk__dev *saved = D;
+  for (int round = 0; round < 2; round++) {
+    struct dspk__cache *c;
+    struct dspk__devstats st = {0};
+    assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+    struct dspk__devenv env = {.cache = c};
+    assert_int_equal(VKB->open(0, &env, &D), 0);
+    raw_oob_check("glsl", raw_oob_glsl, strlen(raw_oob_glsl));
+    VKB->stats(D, &st);
+    VKB->close(D);
+    D = saved;
+    dspk__cache_close(c);
+    assert_int_equal(st.kernels_compiled, round == 0 ? 1 : 0);
+    assert_int_equal(st.kernel_cache_hits, round == 0 ? 0 : 1);
+  }
+  h_cache_unlink(path);
+}
+
 /* One gemm with alpha 1.5 (and beta -0.5 with C), A uploaded `apad` bytes
  * into its block: returns the run's result (DSPK_ENOTSUP from a forced
  * candidate that cannot run it), and fails the test when a run that
@@ -3680,6 +3870,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_zero_init),
       cmocka_unit_test(t_raw_pad_zero), cmocka_unit_test(t_raw_pad_import),
       cmocka_unit_test(t_raw_bounded),
+      cmocka_unit_test(t_raw_oob_private),
       cmocka_unit_test(t_raw_misaligned),
       cmocka_unit_test(t_raw_caps),
       cmocka_unit_test(t_spv_zero_init),
@@ -3689,6 +3880,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_owner), cmocka_unit_test(t_spv_mark),
       cmocka_unit_test(t_raw_compile_limits),
       cmocka_unit_test(t_cache_restart),
+      cmocka_unit_test(t_raw_oob_cached),
       cmocka_unit_test(t_gemm_cands),
       cmocka_unit_test(t_gemm_small),
       cmocka_unit_test(t_gemm_small_cancel),
