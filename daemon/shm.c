@@ -533,7 +533,7 @@ static int shm_args(struct req *r, const char *what, struct device **dev, uint64
                            sizeof r->msg)))
     return err;
   if (dspk__obj_u64(dspk__map_get(r->args, "size"), size) != 0)
-    return fail(r, DSPK_EINVAL, "size: expected a byte count");
+    return fail(r, DSPK_EINVAL, "size: expected " DSPK__EXPECT_BYTES);
   if (*size == 0)
     return fail(r, DSPK_EINVAL, "%s: size must be at least 1 byte", what);
   if (!(*dev = dspkd_resolve_device(r, devname, &err)))

@@ -985,6 +985,103 @@ def buffer_rw(env):
     still_open(c)
 
 
+# docs/protocol.md, "Parameters of each method": what a wrong uint is told it
+# should be, one wording for each kind whatever the method or where it sits.
+UINT_WORDS = {"size": "a byte count", "shared": "a byte count", "offset": "a byte offset",
+              "buffer": "a buffer id", "job": "the Slurm job id (a positive integer)",
+              "msgid": "the uint32 msgid of a request", "uid": "the uid the job runs as",
+              "version": "a non-negative integer"}
+
+
+@case("Parameters of each method: every uint parameter's error in the wording of its kind")
+def uint_words(env):
+    # probe 22 A2: buffer.create/import/share's size said "expected a byte
+    # count", buffer.read's "a non-negative integer"; every offset and
+    # outputs[].buffer said "a non-negative integer" too.
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    t = t32([1.0])
+    run = {"op": "map", "device": "cpu:0", "options": {"fn": "abs"}, "inputs": [t]}
+
+    def with_output(**kw):
+        return dict(run, outputs=[dict({"buffer": b}, **kw)])
+
+    def with_input(**kw):
+        return dict(run, inputs=[dict({"dtype": "f32", "shape": [1], "buffer": b}, **kw)])
+
+    def kernel(v):
+        return {"op": "kernel", "device": "cpu:0", "inputs": [t],
+                "options": {"lang": "glsl", "source": "x", "shared": v}}
+    # (method, path as protocol.json names it, the params with the value v,
+    # the name the message gives it, whether it is required)
+    rows = [
+        ("hello", "version", lambda v: {"version": v}, "version", False),
+        ("hello", "job", lambda v: {"job": v}, "job", False),
+        ("buffer.create", "size", lambda v: {"device": "cpu:0", "size": v}, "size", True),
+        ("buffer.write", "buffer", lambda v: {"buffer": v, "data": b""}, "buffer", True),
+        ("buffer.write", "offset", lambda v: {"buffer": b, "offset": v, "data": b""}, "offset",
+         False),
+        ("buffer.read", "buffer", lambda v: {"buffer": v}, "buffer", True),
+        ("buffer.read", "offset", lambda v: {"buffer": b, "offset": v}, "offset", False),
+        ("buffer.read", "size", lambda v: {"buffer": b, "size": v}, "size", False),
+        ("buffer.free", "buffer", lambda v: {"buffer": v}, "buffer", True),
+        ("buffer.import", "size", lambda v: {"size": v}, "size", True),
+        ("buffer.share", "size", lambda v: {"size": v}, "size", True),
+        ("task.run", "outputs[].buffer", lambda v: with_output(buffer=v), "outputs[0].buffer",
+         True),
+        ("task.run", "outputs[].offset", lambda v: with_output(offset=v), "outputs[0].offset",
+         False),
+        ("task.run", "tensor buffer", lambda v: with_input(buffer=v), "input 0: tensor buffer",
+         False),
+        ("task.run", "tensor offset", lambda v: with_input(offset=v), "input 0: tensor offset",
+         False),
+        ("task.run", "options.shared", kernel, "options.shared", False),
+        ("task.cancel", "msgid", lambda v: {"msgid": v}, "msgid", True),
+        ("job.register", "job", lambda v: {"job": v, "uid": 0}, "job", True),
+        ("job.register", "uid", lambda v: {"job": 1, "uid": v}, "uid", True),
+        ("job.end", "job", lambda v: {"job": v}, "job", True),
+    ]
+    if PROTOCOL_JSON:
+        # every uint parameter protocol.json lists has its row here
+        with open(PROTOCOL_JSON) as f:
+            js = json.load(f)
+        listed = set()
+
+        def walk(method, params, pre):
+            for q in params:
+                path = pre + q["name"]
+                if q["type"] == "uint":
+                    listed.add((method, path))
+                for sub in (q.get("fields"), (q.get("item") or {}).get("fields")):
+                    if sub:
+                        walk(method, sub, path + ("[]." if q["type"] == "array" else "."))
+        for m in js["methods"]:
+            walk(m["name"], m["params"], "")
+        for op in js["ops"]:
+            walk("task.run", op["options"], "options.")
+        missing = listed - {(r[0], r[1]) for r in rows}
+        check(not missing, "uint parameters without a row here: %r" % sorted(missing))
+    for method, path, params, name, required in rows:
+        words = UINT_WORDS[path.rsplit(".", 1)[-1].split(" ")[-1]]
+        for v, what in (("x", "a string of 1 byte"), (-1, "the integer -1"),
+                        (1.0, "the float 1.0"), ([], "an array of 0 items")):
+            fds = [memfd(4096)] if method == "buffer.import" else None
+            e = expect(c.call(method, params(v), fds=fds), "EINVAL")
+            want = "%s: expected %s, got %s" % (name, words, what)
+            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+            for fd in fds or ():
+                os.close(fd)
+        if required:
+            a = params(None)
+            fds = [memfd(4096)] if method == "buffer.import" else None
+            e = expect(c.call(method, a, fds=fds), "EINVAL")
+            want = "%s: required (%s)" % (name, words)
+            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+            for fd in fds or ():
+                os.close(fd)
+    still_open(c)
+
+
 @case("buffer.free: ENOBUF afterwards; other connections' buffers are ENOBUF")
 def buffer_free(env):
     c = env.conn()
