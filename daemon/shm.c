@@ -72,6 +72,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -532,7 +533,7 @@ static int shm_args(struct req *r, const char *what, struct device **dev, uint64
                            sizeof r->msg)))
     return err;
   if (dspk__obj_u64(dspk__map_get(r->args, "size"), size) != 0)
-    return fail(r, DSPK_EINVAL, "size: expected a byte count");
+    return fail(r, DSPK_EINVAL, "size: expected " DSPK__EXPECT_BYTES);
   if (*size == 0)
     return fail(r, DSPK_EINVAL, "%s: size must be at least 1 byte", what);
   if (!(*dev = dspkd_resolve_device(r, devname, &err)))
@@ -583,6 +584,156 @@ static int fds_exhausted(struct conn *c) {
   return errno == EMFILE || errno == ENFILE ? errno : 0;
 }
 
+/* ---- what a descriptor sent to buffer.import is ------------------------ */
+
+/* Filesystem magic numbers (statfs(2)) the messages name. */
+#define TMPFS_MAGIC_ 0x01021994UL
+static const struct {
+  unsigned long magic;
+  const char *name;
+} fs_names[] = {
+    {TMPFS_MAGIC_, "tmpfs"},      {HUGETLBFS_MAGIC, "hugetlbfs"}, {0xEF53, "ext2/ext3/ext4"},
+    {0x58465342, "xfs"},          {0x9123683E, "btrfs"},          {0x794c7630, "overlayfs"},
+    {0x65735546, "fuse"},         {0x6969, "nfs"},                {0x9fa0, "proc"},
+    {0x62656572, "sysfs"},        {0x858458f6, "ramfs"},          {0x5345434d, "secretmem"},
+    {0x50494446, "pidfs"},        {0x6e736673, "nsfs"},
+};
+
+/* The /proc/self/fd link of fd into buf ("" when /proc cannot say). */
+static void fd_link(int fd, char *buf, size_t size) {
+  char path[40];
+  ssize_t n;
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  n = readlink(path, buf, size - 1);
+  buf[n > 0 ? n : 0] = '\0';
+}
+
+/* Whether the regular file fd (stat st, on a filesystem of magic fs) is a
+ * memfd.  memfd_create(2) documents the mark: the /proc/self/fd link of a
+ * memfd reads "/memfd:NAME".  A tmpfs file reachable by a path (a POSIX
+ * shm_open or /dev/shm file, which F_GET_SEALS answers as it does a memfd)
+ * would show the same only in a tmpfs mounted at "/", so a memfd must also
+ * lie where every memfd does and no path leads: the kernel's own shmem
+ * mount, whose device is that of a memfd the daemon makes (once: every
+ * non-hugetlb memfd shares it), or, for MFD_HUGETLB, a hugetlbfs.  Without
+ * /proc the device decides alone; without a memfd of the daemon's own (no
+ * descriptor free) the link does.  Only messages depend on the answer: what
+ * is refused is decided by the seals. */
+static bool is_memfd(int fd, const struct stat *st, unsigned long fs) {
+  static dev_t memfd_dev;
+  static bool known;
+  char link[16];
+  bool named;
+
+  fd_link(fd, link, sizeof link);
+  named = strncmp(link, "/memfd:", 7) == 0;
+  if (fs == HUGETLBFS_MAGIC)
+    return named;
+  if (fs != TMPFS_MAGIC_ || !S_ISREG(st->st_mode))
+    return false;
+  if (!known) {
+    struct stat own;
+    int mfd = memfd_create("dspk-probe", MFD_CLOEXEC);
+    if (mfd >= 0 && fstat(mfd, &own) == 0) {
+      memfd_dev = own.st_dev;
+      known = true;
+    }
+    if (mfd >= 0)
+      close(mfd);
+  }
+  if (known && st->st_dev != memfd_dev)
+    return false;
+  return named || (known && link[0] == '\0');
+}
+
+/* What fd is, in a few words for a message ("a pipe", "a regular file on
+ * ext2/ext3/ext4", "a memfd", "an O_PATH descriptor of a memfd", ...), into
+ * buf; fl is its F_GETFL.  Returns whether it is a memfd (is_memfd). */
+static bool fd_describe(int fd, int fl, char *buf, size_t size) {
+  struct statfs sfs;
+  struct stat st;
+  char link[64];
+  const char *path = (fl >= 0 && (fl & O_PATH)) ? "an O_PATH descriptor of " : "";
+  unsigned long fs = fstatfs(fd, &sfs) == 0 ? (unsigned long)sfs.f_type : 0;
+
+  if (fstat(fd, &st) != 0) {
+    snprintf(buf, size, "a descriptor fstat cannot read (%s)", strerror(errno));
+    return false;
+  }
+  fd_link(fd, link, sizeof link);
+  if (strncmp(link, "anon_inode:", 11) == 0) {
+    /* "anon_inode:[eventfd]", "anon_inode:inotify": the kind, in the
+     * kernel's words (only its letters are copied). */
+    size_t n = 0;
+    for (const char *p = link + 11; *p && n < 24; p++)
+      if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+          *p == '_' || *p == '-' || *p == '.')
+        link[n++] = *p;
+    link[n] = '\0';
+    snprintf(buf, size, "%san anonymous-inode descriptor (%s)", path, n ? link : "?");
+    return false;
+  }
+  switch (st.st_mode & S_IFMT) {
+  case S_IFIFO: snprintf(buf, size, "%sa pipe or FIFO", path); return false;
+  case S_IFSOCK: snprintf(buf, size, "%sa socket", path); return false;
+  case S_IFDIR: snprintf(buf, size, "%sa directory", path); return false;
+  case S_IFCHR:
+  case S_IFBLK:
+    snprintf(buf, size, "%sa %s device (%u:%u)", path, S_ISCHR(st.st_mode) ? "character" : "block",
+             major(st.st_rdev), minor(st.st_rdev));
+    return false;
+  case S_IFLNK: snprintf(buf, size, "%sa symbolic link", path); return false;
+  case S_IFREG: break;
+  default:
+    snprintf(buf, size, "%sa descriptor of file type 0%o", path, (unsigned)(st.st_mode & S_IFMT));
+    return false;
+  }
+  if (is_memfd(fd, &st, fs)) {
+    snprintf(buf, size, "%sa %smemfd", path, fs == HUGETLBFS_MAGIC ? "hugetlb " : "");
+    return true;
+  }
+  for (size_t i = 0; i < sizeof fs_names / sizeof fs_names[0]; i++)
+    if (fs_names[i].magic == fs) {
+      snprintf(buf, size, "%sa regular file on %s%s", path, fs_names[i].name,
+               fs == TMPFS_MAGIC_ ? " (a POSIX shm_open or /dev/shm file)" : "");
+      return false;
+    }
+  snprintf(buf, size, "%sa regular file on a filesystem of magic 0x%lx", path, fs);
+  return false;
+}
+
+/* The refusal of a descriptor buffer.import cannot take as it is: an
+ * O_PATH one, one F_GET_SEALS fails on (seals < 0, its errno seal_err),
+ * one without F_SEAL_SHRINK, or a hugetlbfs file.  Each message names what
+ * the descriptor is (fd_describe) and what to send instead. */
+static int import_refusal(struct req *r, int fd, int fl, int seals, int seal_err,
+                          bool hugetlb) {
+  char what[160];
+  bool memfd = fd_describe(fd, fl, what, sizeof what);
+
+  if (fl >= 0 && (fl & O_PATH))
+    return fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is %s, which gives no "
+                "access to its contents: send %s", what, memfd ? "the memfd itself, opened "
+                "read-write" : "a memfd (memfd_create with MFD_ALLOW_SEALING, sealed with "
+                "F_SEAL_SHRINK)");
+  if (!memfd && (seals < 0 || !(seals & F_SEAL_SHRINK)))
+    return fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is %s, not a memfd: "
+                "send one made with memfd_create(name, MFD_ALLOW_SEALING) and sealed with "
+                "F_SEAL_SHRINK", what);
+  if (hugetlb)
+    return fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is %s: hugetlbfs memory "
+                "is refused (a fault without a free huge page is a SIGBUS)", what);
+  if (seals < 0)
+    return fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is %s, and F_GET_SEALS "
+                "fails on it (%s)", what, strerror(seal_err));
+  if (seals & F_SEAL_SEAL) /* a memfd made without MFD_ALLOW_SEALING starts so */
+    return fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
+                "shrinking and can take no seal (made without MFD_ALLOW_SEALING, or "
+                "F_SEAL_SEAL set): make it with MFD_ALLOW_SEALING and add F_SEAL_SHRINK");
+  return fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
+              "shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it");
+}
+
 int dspkd_m_buffer_import(struct req *r) {
   struct conn *c = r->c;
   struct device *dev;
@@ -590,7 +741,8 @@ int dspkd_m_buffer_import(struct req *r) {
   struct stat st;
   uint64_t size;
   void *host;
-  int fd, seals, err;
+  int fd, fl, seals, seal_err, err;
+  bool hugetlb;
 
   if (c->nfds == 0 && (err = fds_exhausted(c))) {
     /* The kernel drops the descriptors of a message the daemon has no
@@ -612,27 +764,14 @@ int dspkd_m_buffer_import(struct req *r) {
                 "to receive the memfd (EMFILE): try again later");
   if ((err = shm_args(r, "buffer.import", &dev, &size)))
     goto out;
+  /* Seals decide what is taken (a memfd sealed against shrinking, on no
+   * hugetlbfs); what the descriptor is only words the refusal. */
+  fl = fcntl(fd, F_GETFL);
   seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0) {
-    err = fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is not a memfd "
-               "(F_GET_SEALS: %s)", strerror(errno));
-    goto out;
-  }
-  if (!(seals & F_SEAL_SHRINK) && (seals & F_SEAL_SEAL)) {
-    /* A memfd made without MFD_ALLOW_SEALING starts with F_SEAL_SEAL. */
-    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
-               "shrinking and can take no seal (made without MFD_ALLOW_SEALING, or "
-               "F_SEAL_SEAL set): make it with MFD_ALLOW_SEALING and add F_SEAL_SHRINK");
-    goto out;
-  }
-  if (!(seals & F_SEAL_SHRINK)) {
-    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
-               "shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it");
-    goto out;
-  }
-  if (fstatfs(fd, &sfs) == 0 && (unsigned long)sfs.f_type == HUGETLBFS_MAGIC) {
-    err = fail(r, DSPK_EINVAL, "buffer.import: hugetlb memfds are refused (a fault "
-               "without a free huge page is a SIGBUS)");
+  seal_err = errno;
+  hugetlb = fstatfs(fd, &sfs) == 0 && (unsigned long)sfs.f_type == HUGETLBFS_MAGIC;
+  if ((fl >= 0 && (fl & O_PATH)) || seals < 0 || !(seals & F_SEAL_SHRINK) || hugetlb) {
+    err = import_refusal(r, fd, fl, seals, seal_err, hugetlb);
     goto out;
   }
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

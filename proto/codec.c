@@ -446,7 +446,7 @@ int dspk__tensor_decode(const msgpack_object *o,
     t.is_ref = true;
     if (dspk__obj_u64(v, &t.buffer) != 0)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor buffer: expected a buffer id, got %s",
+                  "tensor buffer: expected " DSPK__EXPECT_BUFFER ", got %s",
                   dspk__obj_what(v, w, sizeof w));
     /* Inline or a reference, never both: which one the client meant is
      * not for the daemon to guess. */
@@ -455,8 +455,11 @@ int dspk__tensor_decode(const msgpack_object *o,
                   "tensor has both data and a buffer reference: give one");
     /* Its alignment is dspk__tensor_offset_check's: the daemon looks the
      * buffer up first (ENOBUF before the offset's EINVAL). */
-    if (dspk__arg_u64(o, "offset", &t.offset, msg, msglen) != 0)
-      return DSPK_EINVAL;
+    v = dspk__map_get(o, "offset");
+    if (v && v->type != MSGPACK_OBJECT_NIL && dspk__obj_u64(v, &t.offset) != 0)
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
+                  "tensor offset: expected " DSPK__EXPECT_OFFSET ", got %s",
+                  dspk__obj_what(v, w, sizeof w));
   } else {
     v = dspk__map_get(o, "data");
     if (dspk__obj_bin(v, &t.data, &slen) != 0)

@@ -23,6 +23,15 @@
 
 #define DSPK_PROTOCOL_VERSION 1
 
+/* What a wrong value of a parameter is told it should be ("size: expected
+ * a byte count, got ..."), one wording for each kind of uint whatever the
+ * method or where it sits (docs/protocol.md, "Parameters of each method";
+ * probe 22 A2: buffer.read's size and every offset said "a non-negative
+ * integer", outputs[].buffer too). */
+#define DSPK__EXPECT_BYTES "a byte count"   /* every size, kernel's shared */
+#define DSPK__EXPECT_OFFSET "a byte offset" /* every offset, a tensor's too */
+#define DSPK__EXPECT_BUFFER "a buffer id"   /* every buffer, a tensor's too */
+
 enum dspk__msgtype { DSPK__REQUEST = 0, DSPK__RESPONSE = 1, DSPK__NOTIFY = 2 };
 
 /* A decoded message envelope.  Pointers refer into the unpacked frame. */

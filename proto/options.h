@@ -129,7 +129,8 @@ static const struct dspk__param kernel_o[] = {
     [DSPK__KERNEL_BLOCK] = {"block", DSPK__T_DIM3, .def = {.v.dim = {1, 1, 1}},
                             .def_doc = "[1, 1, 1]", AT(kernel.block)},
     [DSPK__KERNEL_SHARED] = {"shared", DSPK__T_UINT, .max = UINT32_MAX,
-                             .range_err = DSPK_ERANGE, .def_doc = "0", AT(kernel.shared_bytes)},
+                             .range_err = DSPK_ERANGE, .expect = DSPK__EXPECT_BYTES,
+                             .def_doc = "0", AT(kernel.shared_bytes)},
     [DSPK__KERNEL_ARGS] = {"args", DSPK__T_ARRAY, .max = DSPK__KERNEL_MAX_ARGS,
                            .expect = "an array of at most 16 maps", .def_doc = "[]"},
 };

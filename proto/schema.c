@@ -241,8 +241,10 @@ static const struct dspk__param out_tensor_item = ITEM_MAP(dspk__out_tensor_f);
 /* task.run's request: an entry of outputs, {buffer, offset?: 0} for a result
  * written into that buffer, or nil for one that comes back inline. */
 const struct dspk__param dspk__out_ref_f[DSPK__OREF_COUNT] = {
-    [DSPK__OREF_BUFFER] = {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX},
-    [DSPK__OREF_OFFSET] = {"offset", DSPK__T_UINT, .max = UINT64_MAX, .def_doc = "0"},
+    [DSPK__OREF_BUFFER] = {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX,
+                           .expect = DSPK__EXPECT_BUFFER},
+    [DSPK__OREF_OFFSET] = {"offset", DSPK__T_UINT, .max = UINT64_MAX,
+                           .expect = DSPK__EXPECT_OFFSET, .def_doc = "0"},
 };
 static const struct dspk__param out_ref_item = {
     "", DSPK__T_MAP, REQ | DSPK__P_NIL, .max = UINT64_MAX, .fields = dspk__out_ref_f,
@@ -291,13 +293,14 @@ static const struct dspk__param status_r[] = {
 /* "device?: any": an id from devices, or "any" (the handler resolves it). */
 #define DEVICE_P {"device", DSPK__T_STR, .max = DSPK__DEVICE_NAME_MAX, .def = STRDEF("any"), \
                   .def_doc = "\"any\""}
-#define BUFFER_P {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX, .expect = "a buffer id"}
-#define OFFSET_P {"offset", DSPK__T_UINT, .max = UINT64_MAX, .def_doc = "0"}
+#define BUFFER_P {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX, .expect = DSPK__EXPECT_BUFFER}
+#define OFFSET_P {"offset", DSPK__T_UINT, .max = UINT64_MAX, .expect = DSPK__EXPECT_OFFSET, \
+                  .def_doc = "0"}
 
 static const struct dspk__param bcreate_p[] = {
     [DSPK__BCREATE_DEVICE] = DEVICE_P,
     [DSPK__BCREATE_SIZE] = {"size", DSPK__T_UINT, REQ, .max = UINT64_MAX,
-                            .expect = "a byte count"},
+                            .expect = DSPK__EXPECT_BYTES},
 };
 static const struct dspk__param bcreate_r[] = {
     [DSPK__R_BUF_BUFFER] = RES("buffer", DSPK__T_UINT),
@@ -318,7 +321,7 @@ static const struct dspk__param bread_p[] = {
     [DSPK__BREAD_BUFFER] = BUFFER_P,
     [DSPK__BREAD_OFFSET] = OFFSET_P,
     [DSPK__BREAD_SIZE] = {"size", DSPK__T_UINT, .max = UINT64_MAX,
-                          .def_doc = "rest of the buffer"},
+                          .expect = DSPK__EXPECT_BYTES, .def_doc = "rest of the buffer"},
 };
 static const struct dspk__param bread_r[] = {
     [DSPK__R_BREAD_DATA] = RES("data", DSPK__T_BIN),
@@ -336,7 +339,7 @@ static const struct dspk__param bshm_p[] = {
     [DSPK__BSHM_DEVICE] = {"device", DSPK__T_STR, .max = DSPK__DEVICE_NAME_MAX,
                            .def = STRDEF("cpu:0"), .def_doc = "\"cpu:0\""},
     [DSPK__BSHM_SIZE] = {"size", DSPK__T_UINT, REQ, .max = UINT64_MAX,
-                         .expect = "a byte count"},
+                         .expect = DSPK__EXPECT_BYTES},
 };
 
 static const struct dspk__param run_p[] = {

@@ -985,6 +985,103 @@ def buffer_rw(env):
     still_open(c)
 
 
+# docs/protocol.md, "Parameters of each method": what a wrong uint is told it
+# should be, one wording for each kind whatever the method or where it sits.
+UINT_WORDS = {"size": "a byte count", "shared": "a byte count", "offset": "a byte offset",
+              "buffer": "a buffer id", "job": "the Slurm job id (a positive integer)",
+              "msgid": "the uint32 msgid of a request", "uid": "the uid the job runs as",
+              "version": "a non-negative integer"}
+
+
+@case("Parameters of each method: every uint parameter's error in the wording of its kind")
+def uint_words(env):
+    # probe 22 A2: buffer.create/import/share's size said "expected a byte
+    # count", buffer.read's "a non-negative integer"; every offset and
+    # outputs[].buffer said "a non-negative integer" too.
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    t = t32([1.0])
+    run = {"op": "map", "device": "cpu:0", "options": {"fn": "abs"}, "inputs": [t]}
+
+    def with_output(**kw):
+        return dict(run, outputs=[dict({"buffer": b}, **kw)])
+
+    def with_input(**kw):
+        return dict(run, inputs=[dict({"dtype": "f32", "shape": [1], "buffer": b}, **kw)])
+
+    def kernel(v):
+        return {"op": "kernel", "device": "cpu:0", "inputs": [t],
+                "options": {"lang": "glsl", "source": "x", "shared": v}}
+    # (method, path as protocol.json names it, the params with the value v,
+    # the name the message gives it, whether it is required)
+    rows = [
+        ("hello", "version", lambda v: {"version": v}, "version", False),
+        ("hello", "job", lambda v: {"job": v}, "job", False),
+        ("buffer.create", "size", lambda v: {"device": "cpu:0", "size": v}, "size", True),
+        ("buffer.write", "buffer", lambda v: {"buffer": v, "data": b""}, "buffer", True),
+        ("buffer.write", "offset", lambda v: {"buffer": b, "offset": v, "data": b""}, "offset",
+         False),
+        ("buffer.read", "buffer", lambda v: {"buffer": v}, "buffer", True),
+        ("buffer.read", "offset", lambda v: {"buffer": b, "offset": v}, "offset", False),
+        ("buffer.read", "size", lambda v: {"buffer": b, "size": v}, "size", False),
+        ("buffer.free", "buffer", lambda v: {"buffer": v}, "buffer", True),
+        ("buffer.import", "size", lambda v: {"size": v}, "size", True),
+        ("buffer.share", "size", lambda v: {"size": v}, "size", True),
+        ("task.run", "outputs[].buffer", lambda v: with_output(buffer=v), "outputs[0].buffer",
+         True),
+        ("task.run", "outputs[].offset", lambda v: with_output(offset=v), "outputs[0].offset",
+         False),
+        ("task.run", "tensor buffer", lambda v: with_input(buffer=v), "input 0: tensor buffer",
+         False),
+        ("task.run", "tensor offset", lambda v: with_input(offset=v), "input 0: tensor offset",
+         False),
+        ("task.run", "options.shared", kernel, "options.shared", False),
+        ("task.cancel", "msgid", lambda v: {"msgid": v}, "msgid", True),
+        ("job.register", "job", lambda v: {"job": v, "uid": 0}, "job", True),
+        ("job.register", "uid", lambda v: {"job": 1, "uid": v}, "uid", True),
+        ("job.end", "job", lambda v: {"job": v}, "job", True),
+    ]
+    if PROTOCOL_JSON:
+        # every uint parameter protocol.json lists has its row here
+        with open(PROTOCOL_JSON) as f:
+            js = json.load(f)
+        listed = set()
+
+        def walk(method, params, pre):
+            for q in params:
+                path = pre + q["name"]
+                if q["type"] == "uint":
+                    listed.add((method, path))
+                for sub in (q.get("fields"), (q.get("item") or {}).get("fields")):
+                    if sub:
+                        walk(method, sub, path + ("[]." if q["type"] == "array" else "."))
+        for m in js["methods"]:
+            walk(m["name"], m["params"], "")
+        for op in js["ops"]:
+            walk("task.run", op["options"], "options.")
+        missing = listed - {(r[0], r[1]) for r in rows}
+        check(not missing, "uint parameters without a row here: %r" % sorted(missing))
+    for method, path, params, name, required in rows:
+        words = UINT_WORDS[path.rsplit(".", 1)[-1].split(" ")[-1]]
+        for v, what in (("x", "a string of 1 byte"), (-1, "the integer -1"),
+                        (1.0, "the float 1.0"), ([], "an array of 0 items")):
+            fds = [memfd(4096)] if method == "buffer.import" else None
+            e = expect(c.call(method, params(v), fds=fds), "EINVAL")
+            want = "%s: expected %s, got %s" % (name, words, what)
+            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+            for fd in fds or ():
+                os.close(fd)
+        if required:
+            a = params(None)
+            fds = [memfd(4096)] if method == "buffer.import" else None
+            e = expect(c.call(method, a, fds=fds), "EINVAL")
+            want = "%s: required (%s)" % (name, words)
+            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+            for fd in fds or ():
+                os.close(fd)
+    still_open(c)
+
+
 @case("buffer.free: ENOBUF afterwards; other connections' buffers are ENOBUF")
 def buffer_free(env):
     c = env.conn()
@@ -1093,6 +1190,107 @@ def buffer_import(env):
     still_open(c)
     check(nfds() == base, "the daemon closed every descriptor it received (%d, was %d)"
           % (nfds(), base))
+
+
+# statfs(2) magic numbers, and the names buffer.import's refusals give them
+# (docs/protocol.md, buffer.import).
+FS_NAMES = {0x01021994: "tmpfs (a POSIX shm_open or /dev/shm file)", 0x958458f6: "hugetlbfs",
+            0xEF53: "ext2/ext3/ext4", 0x58465342: "xfs", 0x9123683E: "btrfs",
+            0x794c7630: "overlayfs", 0x65735546: "fuse", 0x6969: "nfs"}
+
+
+def fs_magic(path):
+    import subprocess
+    return int(subprocess.run(["stat", "-f", "-c", "%t", path], check=True, text=True,
+                              capture_output=True).stdout, 16)
+
+
+@case("Shared memory: buffer.import names what a refused descriptor is")
+def import_fd_kinds(env):
+    # Each kind of descriptor gets a refusal that says what it is (probe 22 A1:
+    # a /dev/shm file, which F_GET_SEALS answers as a memfd made without
+    # sealing, was called "the memfd" and told to use MFD_ALLOW_SEALING).
+    c = env.conn()
+    pid = c.ok("status")["daemon"]["pid"]
+    base = len(os.listdir("/proc/%d/fd" % pid))
+    tmp = tempfile.mkdtemp(prefix="dspk-conf-fd-")
+    notmemfd = (", not a memfd: send one made with memfd_create(name, MFD_ALLOW_SEALING) and "
+                "sealed with F_SEAL_SHRINK")
+    fds = []
+
+    def refused(fd, words):
+        fds.append(fd)
+        e = expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "EINVAL")
+        check(e["message"] == "buffer.import: " + words,
+              "message %r, want %r" % (e["message"], "buffer.import: " + words))
+    try:
+        r, w = os.pipe()
+        fds.append(w)
+        refused(r, "the file descriptor is a pipe or FIFO" + notmemfd)
+        a, b = socket.socketpair()
+        fds.append(os.dup(b.fileno()))
+        b.close()
+        refused(a.detach(), "the file descriptor is a socket" + notmemfd)
+        refused(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY),
+                "the file descriptor is a directory" + notmemfd)
+        st = os.stat("/dev/zero")
+        refused(os.open("/dev/zero", os.O_RDWR), "the file descriptor is a character device "
+                "(%d:%d)" % (os.major(st.st_rdev), os.minor(st.st_rdev)) + notmemfd)
+        refused(os.eventfd(0), "the file descriptor is an anonymous-inode descriptor (eventfd)"
+                + notmemfd)
+        path = os.path.join(tmp, "file")
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+        magic = fs_magic(path)
+        onfs = "a regular file on " + FS_NAMES.get(magic, "a filesystem of magic %#x" % magic)
+        refused(os.open(path, os.O_RDWR), "the file descriptor is %s" % onfs + notmemfd)
+        refused(os.open(path, os.O_PATH), "the file descriptor is an O_PATH descriptor of %s, "
+                "which gives no access to its contents: send a memfd (memfd_create with "
+                "MFD_ALLOW_SEALING, sealed with F_SEAL_SHRINK)" % onfs)
+        # a tmpfs file that is not a memfd: /dev/shm, as shm_open makes them
+        if os.path.isdir("/dev/shm") and fs_magic("/dev/shm") == 0x01021994:
+            shm = "/dev/shm/dspk-conf-%d" % os.getpid()
+            fd = os.open(shm, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(shm)
+            os.ftruncate(fd, 4096)
+            check(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL,
+                  "F_GET_SEALS answers for a tmpfs file (the case this checks)")
+            refused(fd, "the file descriptor is a regular file on tmpfs (a POSIX shm_open or "
+                    "/dev/shm file)" + notmemfd)
+        # memfds: O_PATH, without MFD_ALLOW_SEALING, not sealed, hugetlb
+        good = memfd(4096)
+        fds.append(good)
+        refused(os.open("/proc/self/fd/%d" % good, os.O_PATH), "the file descriptor is an "
+                "O_PATH descriptor of a memfd, which gives no access to its contents: send "
+                "the memfd itself, opened read-write")
+        fd = os.memfd_create("conf", 0)
+        os.ftruncate(fd, 4096)
+        refused(fd, "the memfd is not sealed against shrinking and can take no seal (made "
+                "without MFD_ALLOW_SEALING, or F_SEAL_SEAL set): make it with "
+                "MFD_ALLOW_SEALING and add F_SEAL_SHRINK")
+        refused(memfd(4096, seals=0), "the memfd is not sealed against shrinking: add "
+                "F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it")
+        refused(memfd(4096, seals=fcntl.F_SEAL_GROW), "the memfd is not sealed against "
+                "shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it")
+        try:
+            fd = os.memfd_create("conf", os.MFD_ALLOW_SEALING | os.MFD_HUGETLB)
+        except OSError:
+            fd = -1  # no hugetlbfs in this kernel
+        if fd >= 0:
+            refused(fd, "the file descriptor is a hugetlb memfd: hugetlbfs memory is refused "
+                    "(a fault without a free huge page is a SIGBUS)")
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            refused(fd, "the file descriptor is a hugetlb memfd: hugetlbfs memory is refused "
+                    "(a fault without a free huge page is a SIGBUS)")
+        # and a sealed memfd is taken
+        c.ok("buffer.import", {"size": 4096}, fds=[good])
+    finally:
+        for fd in set(fds):
+            os.close(fd)
+        shutil.rmtree(tmp)
+    still_open(c)
+    check(len(os.listdir("/proc/%d/fd" % pid)) == base,
+          "the daemon closed every descriptor it received")
 
 
 # Past the first part of a sendmsg (Linux: at most about 36 KiB with 4 KiB pages, less
