@@ -1635,7 +1635,10 @@ int dspkd_config_absolute(struct dspkd_config *cfg, bool detached) {
       return -1;
     memcpy(cfg->socket_path, buf, strlen(buf) + 1); /* shorter than DSPKD_SUN_PATH */
   }
-  if (cfg->cache_path && cfg->cache_path[0] && cfg->cache_path[0] != '/') {
+  /* ":memory:" names no file (an in-memory cache): detached, it was made
+   * "/START/:memory:", a file of that name (probe 22 E3's neighbour). */
+  if (cfg->cache_path && cfg->cache_path[0] && cfg->cache_path[0] != '/' &&
+      strcmp(cfg->cache_path, ":memory:") != 0) {
     if ((r = absolute_for(detached, "cache", cfg->cache_path, cache, sizeof cache,
                           sizeof cache)) < 0)
       return -1;
