@@ -1190,7 +1190,9 @@ static void cannot_create(const char *path, int e, char *why, size_t len) {
  * link to a cache on another disk, made before the first start): the name
  * the chain ends at, in out, where the cache file is to be made (SQLite
  * opens path through the link, and resolves it as the kernel does).  NULL
- * when path is no such link, or the chain cannot be followed. */
+ * when path is no such link, or the chain cannot be followed, or a link
+ * of it belongs to another user than root or this process's (who could
+ * point it anywhere: nothing is made through it). */
 static const char *dangling_target(const char *path, char *out, size_t len) {
   char cur[PATH_MAX], to[PATH_MAX];
   struct stat sb;
@@ -1205,7 +1207,7 @@ static const char *dangling_target(const char *path, char *out, size_t len) {
       memcpy(out, cur, strlen(cur) + 1);
       return out;
     }
-    if (!S_ISLNK(sb.st_mode))
+    if (!S_ISLNK(sb.st_mode) || (sb.st_uid != 0 && sb.st_uid != geteuid()))
       return NULL;
     ssize_t n = readlink(cur, to, sizeof to - 1);
     if (n <= 0)
@@ -1405,6 +1407,11 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
   at = dangling_target(c->path, target, sizeof target);
   if (!at)
     at = c->path;
+  /* Nothing is made through a link, nor beside it, before the link and
+   * its directory passed (check_trust again below, once the file is
+   * there, for the directory that holds it). */
+  else if (check_trust(c->path, why, sizeof why) != 0)
+    goto unusable;
   made_snapshot(at, &made);
   created = lstat(at, &sb) != 0 && errno == ENOENT;
   /* A missing file is made here, 0600 whatever the umask and never

@@ -1633,6 +1633,25 @@ static void test_other_users(void **state) {
   assert_int_equal(lchown(link, 0, 0), 0);
   assert_int_equal(unlink(victim), 0);
   dspk__cache_close(open_ok(link, NULL));
+  /* Another user's link that names no file yet: refused before anything
+   * is made where it points (the cache makes the file a dangling link
+   * names, probe 22 E1, but only through root's or its own user's links):
+   * the directory it points into is not written at all (its mtime, set in
+   * the past, stays), not even for a file made and removed again. */
+  char ndir[400], nowhere[420];
+  snprintf(ndir, sizeof ndir, "%s/nd", f->dir);
+  snprintf(nowhere, sizeof nowhere, "%s/none.db", ndir);
+  assert_int_equal(mkdir(ndir, 0700), 0);
+  assert_int_equal(unlink(link), 0);
+  assert_int_equal(symlink(nowhere, link), 0);
+  assert_int_equal(lchown(link, 65534, 65534), 0);
+  const struct timespec past[2] = {{1000000000, 0}, {1000000000, 0}};
+  assert_int_equal(utimensat(AT_FDCWD, ndir, past, 0), 0);
+  open_refused(link, "it is a symbolic link owned by uid 65534, not by uid 0", NULL);
+  assert_int_equal(lstat(nowhere, &sb), -1);
+  assert_int_equal(stat(ndir, &sb), 0);
+  assert_int_equal(sb.st_mtim.tv_sec, 1000000000);
+  assert_int_equal(sb.st_mtim.tv_nsec, 0);
   assert_int_equal(chmod(dir, 0700), 0);
 }
 
