@@ -229,8 +229,24 @@ static void bind_dev(sqlite3_stmt *st, int first, const struct dspk__cache_devid
 
 static size_t slen(const char *s) { return s ? strlen(s) : 0; }
 
-/* Creates every missing directory above path (mode 0700).  Returns 0 or
- * -errno. */
+/* mkdir(dir, 0700) whatever the umask: mkdir(2) gives 0700 & ~umask (mode
+ * 000 under umask 0777, a directory its own non-root user cannot use:
+ * probe 22 E2), so a directory made here is given its mode again.  The
+ * chmod is only for one this call made, and only while it is still a
+ * directory of this user (lstat: never through a symbolic link put in
+ * its place).  0, or -1 with errno (EEXIST: something is there). */
+static int mkdir_0700(const char *dir) {
+  struct stat sb;
+  if (mkdir(dir, 0700) != 0)
+    return -1;
+  if (lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid() &&
+      (sb.st_mode & 07777) != 0700)
+    (void)chmod(dir, 0700); /* best effort: a failure leaves it narrower, never wider */
+  return 0;
+}
+
+/* Creates every missing directory above path (mode 0700 whatever the
+ * umask).  Returns 0 or -errno. */
 static int mkdirs_for(const char *path, int *made) {
   char *dup = strdup(path);
   int rc = 0;
@@ -245,7 +261,7 @@ static int mkdirs_for(const char *path, int *made) {
     if (*p != '/')
       continue;
     *p = '\0';
-    if (mkdir(dup, 0700) == 0) {
+    if (mkdir_0700(dup) == 0) {
       (*made)++;
     } else if (errno != EEXIST) {
       rc = -errno;
@@ -253,7 +269,7 @@ static int mkdirs_for(const char *path, int *made) {
     }
     *p = '/';
   }
-  if (mkdir(dup, 0700) == 0)
+  if (mkdir_0700(dup) == 0)
     (*made)++;
   else if (errno != EEXIST)
     rc = -errno;
@@ -929,15 +945,22 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
   why[0] = '\0';
   if (!mem && (res = inspect(path, why, whylen)) != OPEN_OK)
     return res;
+  /* SQLite never creates the cache file (no SQLITE_OPEN_CREATE): it would
+   * make it mode 0644 (SQLITE_DEFAULT_FILE_PERMISSIONS), and its -wal and
+   * -shm with it (probe 22 E1).  open_file made it 0600 (create_private)
+   * before this open, on every path: fresh, rebuilt, made again after a
+   * deletion, through a symbolic link; SQLite gives the -wal, -shm and
+   * -journal it creates the main file's mode.  Only ":memory:" is
+   * created here. */
   rc = sqlite3_open_v2(path, &db,
-                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                       SQLITE_OPEN_READWRITE | (mem ? SQLITE_OPEN_CREATE : 0) |
                            SQLITE_OPEN_NOMUTEX,
                        NULL);
   if (rc != SQLITE_OK) {
     sql_why(db, rc, "", why, whylen);
-    /* A file to create where this process may not: SQLite's last system
-     * call (opening it read-only after O_CREAT was refused) says only that
-     * there is no file. */
+    /* A file that is not there (open_file could not make it, or it went
+     * meanwhile): SQLite's system call says only that there is no file;
+     * where this process may not create one, the directory says why. */
     struct stat st;
     if (!mem && (rc & 0xff) == SQLITE_CANTOPEN && stat(path, &st) != 0 && errno == ENOENT) {
       char dir[PATH_MAX];
@@ -1130,7 +1153,78 @@ static void made_snapshot(const char *path, struct made *m) {
   }
 }
 
-/* Removes the files at path and its SQLite companions that this process
+/* Makes path a new, empty regular file of mode 0600 whatever the umask
+ * (open(2) gives 0600 & ~umask: mode 000 under umask 0777), never through
+ * a symbolic link (O_EXCL | O_NOFOLLOW), and records it in m.  The cache
+ * file is always made here, never by SQLite (try_open: SQLite would make
+ * it 0644, probe 22 E1), so that no other user reads which uid ran which
+ * kernel; SQLite gives the -wal, -shm and -journal it makes beside it the
+ * file's mode.  0, or -errno (-EEXIST: something is there now). */
+static int create_private(const char *path, struct made *m) {
+  struct stat sb;
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return -errno;
+  if (fstat(fd, &sb) == 0) {
+    m->file = 1;
+    m->dev = sb.st_dev;
+    m->ino = sb.st_ino;
+    if ((sb.st_mode & 07777) != 0600)
+      (void)fchmod(fd, 0600); /* a failure leaves the umask's mode: narrower, never wider */
+  }
+  close(fd);
+  return 0;
+}
+
+/* The reason a cache file could not be made at path (errno e), in why:
+ * SQLite's words for a file it cannot open, then the directory and the
+ * system's reason. */
+static void cannot_create(const char *path, int e, char *why, size_t len) {
+  const char *slash = strrchr(path, '/');
+  int n = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+  snprintf(why, len, "%s: cannot create it in %.*s: %s", sqlite3_errstr(SQLITE_CANTOPEN),
+           n > 200 ? 200 : n, slash ? path : ".", strerror(e));
+}
+
+/* For a symbolic link at path whose chain ends at no file (an admin's
+ * link to a cache on another disk, made before the first start): the name
+ * the chain ends at, in out, where the cache file is to be made (SQLite
+ * opens path through the link, and resolves it as the kernel does).  NULL
+ * when path is no such link, or the chain cannot be followed, or a link
+ * of it belongs to another user than root or this process's (who could
+ * point it anywhere: nothing is made through it). */
+static const char *dangling_target(const char *path, char *out, size_t len) {
+  char cur[PATH_MAX], to[PATH_MAX];
+  struct stat sb;
+  if (lstat(path, &sb) != 0 || !S_ISLNK(sb.st_mode) || stat(path, &sb) == 0 ||
+      errno != ENOENT || strlen(path) >= sizeof cur)
+    return NULL;
+  memcpy(cur, path, strlen(path) + 1);
+  for (int hops = 0; hops < 40; hops++) {
+    if (lstat(cur, &sb) != 0) {
+      if (errno != ENOENT || strlen(cur) >= len)
+        return NULL;
+      memcpy(out, cur, strlen(cur) + 1);
+      return out;
+    }
+    if (!S_ISLNK(sb.st_mode) || (sb.st_uid != 0 && sb.st_uid != geteuid()))
+      return NULL;
+    ssize_t n = readlink(cur, to, sizeof to - 1);
+    if (n <= 0)
+      return NULL;
+    to[n] = '\0';
+    /* A relative target is its link's directory's. */
+    char *slash = strrchr(cur, '/');
+    size_t dl = to[0] == '/' || !slash ? 0 : (size_t)(slash - cur) + 1;
+    if (dl + (size_t)n >= sizeof cur)
+      return NULL;
+    memcpy(cur + dl, to, (size_t)n + 1);
+  }
+  return NULL;
+}
+
+/* Removes the files at at (path, or the file a symbolic link at path
+ * names) and its SQLite companions that this process
  * created while trying to open a cache there (an unusable location must
  * not be left with an empty cache file, nor a full disk with its -wal):
  * each one that did not exist at the snapshot (m->had) and is a regular
@@ -1138,11 +1232,12 @@ static void made_snapshot(const char *path, struct made *m) {
  * made (m->dev, m->ino) where this process made it.  Anything else (a
  * file of another user, a symbolic link, one that was there before) is
  * left alone: it is not this process's to remove. */
-static void remove_created(const char *path, int created, const struct made *m, int dirs) {
+static void remove_created(const char *path, const char *at, int created, const struct made *m,
+                           int dirs) {
   char p[4200];
   struct stat sb;
   for (unsigned i = 0; created && i < 4; i++) {
-    snprintf(p, sizeof p, "%s%s", path, made_suffix[i]);
+    snprintf(p, sizeof p, "%s%s", at, made_suffix[i]);
     if ((m->had & (1u << i)) || lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode) ||
         sb.st_uid != geteuid())
       continue;
@@ -1286,7 +1381,7 @@ dir_bad:
 static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                      char *warn, size_t warnlen) {
   char why[PATH_MAX + 768] = "", first[256], moved[4200], target[PATH_MAX];
-  const char *what;
+  const char *what, *at = c->path;
   struct stat sb;
   /* A file (and directories) this call creates are removed again when it
    * ends up unusable (a full disk left an empty file behind). */
@@ -1301,29 +1396,35 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     goto unusable;
   }
   int mk = mkdirs_for(c->path, &dirs);
-  if (mk >= 0) {
-    made_snapshot(c->path, &made);
-    created = lstat(c->path, &sb) != 0 && errno == ENOENT;
-  }
   if (mk < 0) {
     snprintf(why, sizeof why, "cannot create its directory: %s",
              strerror(-mk));
     goto unusable;
   }
-  /* A missing file is made here, 0600 and never through a symbolic link
-   * (O_EXCL | O_NOFOLLOW: a link planted meanwhile is found by the check
-   * below), so that no other user reads which uid ran which kernel, and
-   * SQLite gives its -wal and -shm the file's mode.  Where it cannot be
-   * made, SQLite's open below says why. */
+  /* Where the file is made: the path, or the name a symbolic link there
+   * ends at when that is no file yet (an admin's link to another disk,
+   * made before the first start: SQLite made the target 0644). */
+  at = dangling_target(c->path, target, sizeof target);
+  if (!at)
+    at = c->path;
+  /* Nothing is made through a link, nor beside it, before the link and
+   * its directory passed (check_trust again below, once the file is
+   * there, for the directory that holds it). */
+  else if (check_trust(c->path, why, sizeof why) != 0)
+    goto unusable;
+  made_snapshot(at, &made);
+  created = lstat(at, &sb) != 0 && errno == ENOENT;
+  /* A missing file is made here, 0600 whatever the umask and never
+   * through a symbolic link (a link planted meanwhile is found by the
+   * check below), never by SQLite (create_private). */
   if (created) {
-    int fd = open(c->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      made.file = fstat(fd, &sb) == 0;
-      made.dev = sb.st_dev;
-      made.ino = sb.st_ino;
-      close(fd);
-    } else if (errno == EEXIST) {
-      created = 0; /* made meanwhile, by another process: not ours */
+    int e = create_private(at, &made);
+    if (e < 0) {
+      created = 0; /* -EEXIST: made meanwhile, by another process: not ours */
+      if (e != -EEXIST) {
+        cannot_create(at, -e, why, sizeof why);
+        goto unusable;
+      }
     }
   }
   if (check_trust(c->path, why, sizeof why) != 0)
@@ -1357,9 +1458,17 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                strerror(-mv));
       goto unusable;
     }
-    created = !aside;
-    made_snapshot(c->path, &made); /* what the move left there is not new */
+    /* The new file made 0600 as a missing one is (create_private), where
+     * the old one was: SQLite made it 0644 (probe 22 E1). */
+    at = aside ? aside : c->path;
+    made_snapshot(at, &made); /* what the move left there is not new */
     made.file = 0;
+    int e = create_private(at, &made);
+    created = e == 0;
+    if (e < 0 && e != -EEXIST) {
+      cannot_create(at, -e, why, sizeof why);
+      goto unusable;
+    }
     if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
       goto unusable;
     if (aside)
@@ -1396,7 +1505,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     /* Transient: another process (a daemon rebuilding a shared cache, an
      * sqlite3 .backup) held its lock longer than the busy timeout. */
     if (created || dirs)
-      remove_created(c->path, created, &made, dirs);
+      remove_created(c->path, at, created, &made, dirs);
     if (no_fallback)
       return DSPK_EBUSY;
     c->busy_retry = 1;
@@ -1411,7 +1520,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
   }
 unusable:
   if (created || dirs)
-    remove_created(c->path, created, &made, dirs);
+    remove_created(c->path, at, created, &made, dirs);
   if (no_fallback)
     return DSPK_EIO;
   setwarn(warn, warnlen, "cache file %s is unusable (%s); using an in-memory cache",

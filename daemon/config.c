@@ -1613,23 +1613,44 @@ int dspkd_config_abspath(const char *what, const char *path, char *out, size_t l
   return absolute(what, path, out, len, len);
 }
 
-int dspkd_config_absolute(struct dspkd_config *cfg) {
+/* absolute() for dspkd_config_absolute: detached, a failure is logged and
+ * fatal (-1); in the foreground the path stays as given (0), unlogged. */
+static int absolute_for(bool detached, const char *what, const char *path, char *out,
+                        size_t len, size_t max) {
+  char cwd[PATH_MAX];
+  if (detached)
+    return absolute(what, path, out, len, max);
+  if (!getcwd(cwd, sizeof cwd))
+    return 1;
+  int n = snprintf(out, len, "%s%s%s", cwd, strcmp(cwd, "/") ? "/" : "", path);
+  return n < 0 || (size_t)n >= len || (size_t)n >= max ? 1 : 0;
+}
+
+int dspkd_config_absolute(struct dspkd_config *cfg, bool detached) {
   static char cache[PATH_MAX];
   char buf[PATH_MAX];
-  if (cfg->socket_path[0] && cfg->socket_path[0] != '/') {
+  int r;
+  if (detached && cfg->socket_path[0] && cfg->socket_path[0] != '/') {
     if (absolute("socket", cfg->socket_path, buf, sizeof buf, DSPKD_SUN_PATH) != 0)
       return -1;
     memcpy(cfg->socket_path, buf, strlen(buf) + 1); /* shorter than DSPKD_SUN_PATH */
   }
-  if (cfg->cache_path && cfg->cache_path[0] && cfg->cache_path[0] != '/') {
-    if (absolute("cache", cfg->cache_path, cache, sizeof cache, sizeof cache) != 0)
+  /* ":memory:" names no file (an in-memory cache): detached, it was made
+   * "/START/:memory:", a file of that name (probe 22 E3's neighbour). */
+  if (cfg->cache_path && cfg->cache_path[0] && cfg->cache_path[0] != '/' &&
+      strcmp(cfg->cache_path, ":memory:") != 0) {
+    if ((r = absolute_for(detached, "cache", cfg->cache_path, cache, sizeof cache,
+                          sizeof cache)) < 0)
       return -1;
-    cfg->cache_path = cache;
+    if (r == 0)
+      cfg->cache_path = cache;
   }
   if (conf_path[0] && conf_path[0] != '/') {
-    if (absolute("configuration file", conf_path, buf, sizeof buf, sizeof conf_path) != 0)
+    if ((r = absolute_for(detached, "configuration file", conf_path, buf, sizeof buf,
+                          sizeof conf_path)) < 0)
       return -1;
-    memcpy(conf_path, buf, strlen(buf) + 1); /* shorter than conf_path */
+    if (r == 0)
+      memcpy(conf_path, buf, strlen(buf) + 1); /* shorter than conf_path */
   }
   return 0;
 }

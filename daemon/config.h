@@ -55,9 +55,14 @@ void dspkd_config_log_no_cache(void);
  * Before a detached daemon leaves its start directory (chdir("/")): makes
  * the relative paths it uses later absolute, from the current directory:
  * cfg->socket_path, cfg->cache_path and the file a reload reads.  0, or -1
- * (logged: the directory is unknown, or a path gets too long).
+ * (logged: the directory is unknown, or a path gets too long).  In the
+ * foreground (detached false) the cache and the file alike, so that the
+ * log, status and cache.stats name the same files as a detached daemon's
+ * (probe 22 E3), where that can be done (else left as given, 0); the
+ * socket is bound as given there (its absolute form may be longer than a
+ * socket's 107 bytes), d->socket_name names it absolute.
  */
-int dspkd_config_absolute(struct dspkd_config *cfg);
+int dspkd_config_absolute(struct dspkd_config *cfg, bool detached);
 /* path as an absolute path in out (len bytes): a relative one from the
  * current directory.  0, or -1 (logged, naming what: the directory is
  * unknown, or the path gets too long). */

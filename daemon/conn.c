@@ -1986,7 +1986,9 @@ static void listen_error(const char *path, int r) {
 }
 
 int dspkd_listen(struct dspkd *d) {
-  const char *path = d->cfg.socket_path;
+  /* Bound by the path given (relative in the foreground: see
+   * d->socket_name), named absolute. */
+  const char *path = d->cfg.socket_path, *name = d->socket_name[0] ? d->socket_name : path;
   int r;
 
   if (d->activation_fd > 0) {
@@ -1997,13 +1999,13 @@ int dspkd_listen(struct dspkd *d) {
     if (r == 0)
       r = listen_start(d, false);
     if (r < 0) {
-      dspkd_error("cannot listen on the activated socket %s: %s", path, uv_strerror(r));
+      dspkd_error("cannot listen on the activated socket %s: %s", name, uv_strerror(r));
       accept_close();
       uv_close((uv_handle_t *)&d->listener, NULL);
       return DSPK_EIO;
     }
     d->listening = d->activated = true;
-    dspkd_info("listening on %s (socket activation)", path);
+    dspkd_info("listening on %s (socket activation)", name);
     return 0;
   }
   /* Checked again here: another daemon may have started meanwhile. */
@@ -2029,7 +2031,7 @@ int dspkd_listen(struct dspkd *d) {
       d->sock_ino = st.st_ino;
     }
   }
-  dspkd_info("listening on %s", path);
+  dspkd_info("listening on %s", name);
   return 0;
 }
 
@@ -2061,11 +2063,11 @@ void dspkd_listen_stop(struct dspkd *d) {
   if (d->activated || lstat(d->cfg.socket_path, &st) != 0)
     return;
   if (!S_ISSOCK(st.st_mode) || st.st_dev != d->sock_dev || st.st_ino != d->sock_ino) {
-    dspkd_info("%s is no longer this daemon's socket: left in place", d->cfg.socket_path);
+    dspkd_info("%s is no longer this daemon's socket: left in place", d->socket_name);
     return;
   }
   if (unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
-    dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
+    dspkd_warn("cannot remove %s: %s", d->socket_name, strerror(errno));
 }
 
 /* At the stop: answers each complete request already read but not yet

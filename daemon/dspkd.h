@@ -17,6 +17,7 @@
 #ifndef DSPKD_DSPKD_H
 #define DSPKD_DSPKD_H
 
+#include <limits.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -555,6 +556,11 @@ struct dspkd {
   struct dspkd_config cfg;
   uv_pipe_t listener;
   bool listening;
+  /* The socket as the log and status's daemon.socket name it: the path
+   * bound, absolute (a relative --socket is the start directory's, which
+   * a foreground daemon binds as given: its absolute form may be longer
+   * than a socket's 107 bytes), or what activation passed (probe 22 E3). */
+  char socket_name[PATH_MAX];
   /* The socket file bound (not activated): removed at the stop only while
    * the path still names it, never a file another process put there. */
   dev_t sock_dev;

@@ -156,6 +156,17 @@ static const char *not_regular(mode_t mode) {
   return "not a regular file";
 }
 
+/* Why a file dspkd opens was refused with EACCES (a mode that shuts out
+ * its own user, such as 000: one made under umask 0777 by a dspkd before
+ * probe 22 E2), in why: the system's words, the mode, the owner, what
+ * dspkd must do with the file (what: "read", ...) and the fix. */
+static void unreadable(const struct stat *st, const char *what, const char *fix, char *why,
+                       size_t len) {
+  snprintf(why, len, "%s (mode %04o, owner uid %lu; dspkd runs as uid %lu and must %s it): "
+           "%s", strerror(EACCES), (unsigned)(st->st_mode & 07777),
+           (unsigned long)st->st_uid, (unsigned long)geteuid(), what, fix);
+}
+
 /* Whether the file open on fd begins "dspkd-jobs " (a dspkd state file of
  * any version). */
 static bool is_state_file(int fd) {
@@ -201,6 +212,15 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
     if (!create)
       return -3;
     fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* 0600 whatever the umask: open(2) gives 0600 & ~umask, mode 000
+     * under umask 0777, which refused every later start of a daemon not
+     * run as root (probe 22 E2). */
+    if (fd >= 0 && fchmod(fd, 0600) != 0) {
+      snprintf(why, len, "fchmod 0600: %s", strerror(errno));
+      close(fd);
+      unlink(path);
+      return -1;
+    }
     if (fd >= 0 && owner != geteuid() && fchown(fd, owner, group) != 0) {
       snprintf(why, len, "fchown to uid %lu: %s", (unsigned long)owner, strerror(errno));
       close(fd);
@@ -211,7 +231,13 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
       break; /* EEXIST: made meanwhile, opened once more */
   }
   if (fd < 0) {
-    snprintf(why, len, "%s", errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    int e = errno;
+    if (e == EACCES && lstat(path, &st) == 0)
+      unreadable(&st, "read and write",
+                 "chmod 600 it, or remove it (it holds nothing: dspkd makes it again)", why,
+                 len);
+    else
+      snprintf(why, len, "%s", e == ELOOP ? "it is a symbolic link" : strerror(e));
     return -1;
   }
   if (fstat(fd, &st) != 0)
@@ -520,8 +546,11 @@ static int replace_file(const char *path, const char *text, size_t len,
     close(fd);
     goto fail;
   }
+  /* 0600 whatever the umask (open(2) gave 0600 & ~umask: a mode 000
+   * state file under umask 0777, probe 22 E2), or keep's mode (dspkd
+   * --end-job rewriting the daemon's file). */
   *step = "chmod";
-  if (keep && fchmod(fd, keep->st_mode & 0777) != 0) {
+  if (fchmod(fd, keep ? keep->st_mode & 0777 : 0600) != 0) {
     e = errno;
     close(fd);
     goto fail;
@@ -933,7 +962,10 @@ static int open_safe(const char *path, uid_t owner, struct stat *st, char *why, 
   if (fd < 0 && errno == ENOENT)
     return -2;
   if (fd < 0) {
-    snprintf(why, len, "%s", errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    if (errno == EACCES)
+      unreadable(st, "read", "chmod 600 it", why, len);
+    else
+      snprintf(why, len, "%s", errno == ELOOP ? "it is a symbolic link" : strerror(errno));
     return -1;
   }
   if (fstat(fd, st) != 0)

@@ -86,7 +86,15 @@ static int socket_path(struct dspkd_config *cfg, bool create, bool end_job) {
       return -1;
     }
   }
-  if (create && mkdir(dir, geteuid() == 0 ? 0755 : 0700) != 0 && errno != EEXIST) {
+  mode_t mode = geteuid() == 0 ? 0755 : 0700;
+  if (create && mkdir(dir, mode) == 0) {
+    /* Its mode whatever the umask (mkdir(2) gives mode & ~umask: under
+     * umask 0777 a directory its own user cannot bind in, probe 22 E2). */
+    if (chmod(dir, mode) != 0) {
+      dspkd_error("cannot chmod %s to %04o: %s", dir, (unsigned)mode, strerror(errno));
+      return -1;
+    }
+  } else if (create && errno != EEXIST) {
     dspkd_error("cannot create %s: %s", dir, strerror(errno));
     return -1;
   }
@@ -477,6 +485,23 @@ static void default_signals(void) {
   }
 }
 
+/* d->socket_name: the socket as the log and status name it.  A relative
+ * path is bound as given in the foreground (its absolute form may exceed
+ * a socket's 107 bytes) but named absolute, as a detached daemon, which
+ * made it absolute before leaving its start directory, names it (probe 22
+ * E3: "listening on u/s.sock" told no one which file that was).  An
+ * activated socket is named as activation passed it. */
+static void socket_name(struct dspkd *d, bool activated) {
+  const char *p = d->cfg.socket_path;
+  char cwd[PATH_MAX];
+  int n = -1;
+  if (!activated && p[0] != '/' && getcwd(cwd, sizeof cwd))
+    n = snprintf(d->socket_name, sizeof d->socket_name, "%s%s%s", cwd,
+                 strcmp(cwd, "/") ? "/" : "", p);
+  if (n < 0 || (size_t)n >= sizeof d->socket_name)
+    snprintf(d->socket_name, sizeof d->socket_name, "%s", p);
+}
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
@@ -603,9 +628,12 @@ int main(int argc, char **argv) {
                      dspkd_socket_dir_check(cfg->socket_path) != 0))
     return 1;
   /* Detached, it leaves its start directory (which could not be unmounted
-   * while it runs): the relative paths are resolved first. */
-  if (!cfg->foreground && dspkd_config_absolute(cfg) != 0)
+   * while it runs): the relative paths are resolved first.  In the
+   * foreground too, so that the log, status and cache.stats name the same
+   * files either way (probe 22 E3). */
+  if (dspkd_config_absolute(cfg, !cfg->foreground) != 0)
     return 1;
+  socket_name(d, activated);
   /* The Slurm jobs' state file: named, and none of the daemon's other
    * files (a bad configuration: exit 2). */
   if (dspkd_paths_start(cfg, activated) != 0)

@@ -333,7 +333,7 @@ static void st_daemon(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__SD_VERSION] = dspk__pv_str(DSPKD_VERSION);
   v[DSPK__SD_PID] = dspk__pv_int((int64_t)getpid());
   v[DSPK__SD_UPTIME_S] = dspk__pv_uint((dspkd_now_ms() - d->start_ms) / 1000);
-  v[DSPK__SD_SOCKET] = dspk__pv_str(d->cfg.socket_path);
+  v[DSPK__SD_SOCKET] = dspk__pv_str(d->socket_name);
   v[DSPK__SD_CONNECTIONS] = dspk__pv_uint(d->nconns);
   v[DSPK__SD_STOPPING] = dspk__pv_bool(d->stopping);
   struct limits_of lo = {d, NULL, x->r->c};

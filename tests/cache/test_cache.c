@@ -1633,6 +1633,25 @@ static void test_other_users(void **state) {
   assert_int_equal(lchown(link, 0, 0), 0);
   assert_int_equal(unlink(victim), 0);
   dspk__cache_close(open_ok(link, NULL));
+  /* Another user's link that names no file yet: refused before anything
+   * is made where it points (the cache makes the file a dangling link
+   * names, probe 22 E1, but only through root's or its own user's links):
+   * the directory it points into is not written at all (its mtime, set in
+   * the past, stays), not even for a file made and removed again. */
+  char ndir[400], nowhere[420];
+  snprintf(ndir, sizeof ndir, "%s/nd", f->dir);
+  snprintf(nowhere, sizeof nowhere, "%s/none.db", ndir);
+  assert_int_equal(mkdir(ndir, 0700), 0);
+  assert_int_equal(unlink(link), 0);
+  assert_int_equal(symlink(nowhere, link), 0);
+  assert_int_equal(lchown(link, 65534, 65534), 0);
+  const struct timespec past[2] = {{1000000000, 0}, {1000000000, 0}};
+  assert_int_equal(utimensat(AT_FDCWD, ndir, past, 0), 0);
+  open_refused(link, "it is a symbolic link owned by uid 65534, not by uid 0", NULL);
+  assert_int_equal(lstat(nowhere, &sb), -1);
+  assert_int_equal(stat(ndir, &sb), 0);
+  assert_int_equal(sb.st_mtim.tv_sec, 1000000000);
+  assert_int_equal(sb.st_mtim.tv_nsec, 0);
   assert_int_equal(chmod(dir, 0700), 0);
 }
 
@@ -2258,6 +2277,129 @@ static void test_open_full_leaves_nothing(void **state) {
   assert_int_equal(access(f->db, F_OK), 0);
 }
 
+/* The mode of path (lstat), its permission bits. */
+static mode_t mode_of(const char *path) {
+  struct stat sb;
+  if (lstat(path, &sb) != 0)
+    fail_msg("%s: %s", path, strerror(errno));
+  return sb.st_mode & 07777;
+}
+
+/* The cache file at db, its -wal and its -shm are mode 0600. */
+static void check_private(const char *db, const char *when) {
+  static const char *const side[] = {"", "-wal", "-shm"};
+  char p[480];
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s%s", db, side[i]);
+    mode_t m = mode_of(p);
+    if (m != 0600)
+      fail_msg("%s: %s is mode %04o, want 0600", when, p, (unsigned)m);
+  }
+}
+
+/* dspk__cache_open of path under umask mask (restored after), then a put;
+ * the warning in warn. */
+static struct dspk__cache *open_under(const char *path, mode_t mask,
+                                      const struct dspk__cache_opts *o, char *warn,
+                                      size_t len) {
+  struct dspk__cache *c = NULL;
+  mode_t old = umask(mask);
+  warn[0] = '\0';
+  int r = dspk__cache_open(path, o, &c, warn, len);
+  int put = r == 0 ? dspk__cache_blob_put(c, "x", "X", 1) : -1;
+  umask(old);
+  assert_int_equal(r, 0);
+  assert_int_equal(put, 0);
+  assert_false(dspk__cache_in_memory(c));
+  return c;
+}
+
+/* Every file and directory the cache makes has its documented mode
+ * whatever the umask (0, 022 and 0777): its directories 0700, the file
+ * and the -wal and -shm SQLite makes beside it 0600, on every path that
+ * makes one (probe 22 E1, E2: a file rebuilt after corruption was made by
+ * SQLite, mode 0644 & ~umask, so 0644 under umask 022; the directories and
+ * a fresh file took the umask, mode 000 under 0777): a fresh cache, one
+ * rebuilt after corruption (the file's header, its pages), one made again
+ * after the file was deleted while in use, and one made through an
+ * admin's symbolic link that names no file yet, then rebuilt there. */
+static void test_modes_any_umask(void **state) {
+  struct fixture *f = *state;
+  static const mode_t masks[] = {0, 022, 0777};
+  char warn[1400];
+  for (size_t k = 0; k < sizeof masks / sizeof masks[0]; k++) {
+    char dir[320], db[400], p[420], real[400], link[400], when[64];
+    struct dspk__cache *c;
+    snprintf(dir, sizeof dir, "%s/u%03o", f->dir, (unsigned)masks[k]);
+    snprintf(db, sizeof db, "%s/a/b/c.db", dir);
+
+    snprintf(when, sizeof when, "fresh, umask %03o", (unsigned)masks[k]);
+    c = open_under(db, masks[k], NULL, warn, sizeof warn);
+    assert_string_equal(warn, "");
+    check_private(db, when);
+    snprintf(p, sizeof p, "%s/a", dir);
+    assert_int_equal(mode_of(p), 0700);
+    snprintf(p, sizeof p, "%s/a/b", dir);
+    assert_int_equal(mode_of(p), 0700);
+    dspk__cache_close(c);
+
+    /* Corrupt at the header, then in its pages (mode 0644 before: the
+     * file's own mode makes no difference). */
+    for (int how = 0; how < 2; how++) {
+      snprintf(when, sizeof when, "rebuilt (%s), umask %03o", how ? "pages" : "header",
+               (unsigned)masks[k]);
+      fill_some(db);
+      assert_int_equal(chmod(db, 0644), 0);
+      if (how)
+        overwrite(db, 2 * 4096, 4096), overwrite(db, 3 * 4096, 4096);
+      else
+        overwrite(db, 0, 100);
+      c = open_under(db, masks[k], NULL, warn, sizeof warn);
+      if (!strstr(warn, "rebuilt it"))
+        fail_msg("%s: warning: %s", when, warn);
+      check_private(db, when);
+      dspk__cache_close(c);
+    }
+
+    snprintf(when, sizeof when, "made again after a deletion, umask %03o", (unsigned)masks[k]);
+    struct notices ns = {0};
+    struct dspk__cache_opts o = {.notice = on_notice, .notice_ud = &ns};
+    c = open_under(db, masks[k], &o, warn, sizeof warn);
+    unlink_db(db);
+    mode_t old = umask(masks[k]);
+    int put = dspk__cache_blob_put(c, "after", "A", 1);
+    umask(old);
+    assert_int_equal(put, 0);
+    if (ns.n != 1 || !strstr(ns.last, "deleted while in use; made a new one"))
+      fail_msg("%s: notice: %s", when, ns.last);
+    check_private(db, when);
+    dspk__cache_close(c);
+
+    /* Through a link whose target is not there yet (SQLite made the
+     * target, 0644), then that target rebuilt after corruption. */
+    snprintf(when, sizeof when, "through a dangling link, umask %03o", (unsigned)masks[k]);
+    snprintf(p, sizeof p, "%s/disk2", dir);
+    assert_int_equal(mkdir(p, 0700), 0);
+    snprintf(real, sizeof real, "%s/disk2/real.db", dir);
+    snprintf(link, sizeof link, "%s/link.db", dir);
+    assert_int_equal(symlink("disk2/real.db", link), 0);
+    c = open_under(link, masks[k], NULL, warn, sizeof warn);
+    assert_string_equal(warn, "");
+    check_private(real, when);
+    struct stat lsb;
+    assert_int_equal(lstat(link, &lsb), 0);
+    assert_true(S_ISLNK(lsb.st_mode)); /* the link stays a link */
+    dspk__cache_close(c);
+    overwrite(real, 0, 100);
+    snprintf(when, sizeof when, "rebuilt through a link, umask %03o", (unsigned)masks[k]);
+    c = open_under(link, masks[k], NULL, warn, sizeof warn);
+    if (!strstr(warn, "rebuilt it there (the link stays)"))
+      fail_msg("%s: warning: %s", when, warn);
+    check_private(real, when);
+    dspk__cache_close(c);
+  }
+}
+
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 
 /* A child process that holds a lock on path until the parent closes
@@ -2453,6 +2595,7 @@ int main(void) {
       T(test_backup_replaced),
       T(test_default_path),
       T(test_other_users),
+      T(test_modes_any_umask),
       T(test_two_processes),
       T(test_threads),
       T(test_memory_and_args),

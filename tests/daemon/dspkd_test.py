@@ -261,6 +261,24 @@ def t_detached(exe, tmp):
     finally:
         _stop_pid(pid)
     check(not os.path.exists(os.path.join(start, "rel.sock")), "the relative socket removed")
+    # --cache :memory: names no file: detached, it was made absolute like a
+    # relative path and a file "START/:memory:" became the cache (probe 22
+    # E3's neighbour).
+    mem = [os.path.abspath(exe), "--socket", "mem.sock", "--cache", ":memory:", "--config", "",
+           "--backends", "cpu", "--ready-fd", "1"]
+    p = subprocess.run(mem, cwd=start, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       timeout=TIMEOUT)
+    check(p.returncode == 0 and p.stdout == b"READY\n", "--cache :memory:: %r" % (p,))
+    c = Client(os.path.join(start, "mem.sock"))
+    pid = c.call("status")["daemon"]["pid"]
+    try:
+        cs = c.call("cache.stats")
+        check(cs["path"] == ":memory:" and cs["in_memory"], "--cache :memory:: %r" % cs)
+        check(not [x for x in os.listdir(start) if "memory" in x],
+              "--cache :memory: made no file: %r" % os.listdir(start))
+        c.close()
+    finally:
+        _stop_pid(pid)
 
 
 def fd_target(pid, fd):

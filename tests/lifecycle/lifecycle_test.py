@@ -66,7 +66,7 @@ class Notify:
 class Daemon:
     def __init__(self, exe, tmp, extra=(), env=None, notify=False, ready=True, sock=None,
                  backends="cpu", preexec_fn=None, config="", socket_flag=True,
-                 log_level="debug"):
+                 log_level="debug", cwd=None):
         """config: --config's value, None for no --config (the default file);
         socket_flag False: no --socket (the file names self.sock)."""
         self.tmp = tmp
@@ -96,7 +96,7 @@ class Daemon:
         if not {"--cache", "--no-cache", "--config"} & set(extra):
             args += ["--no-cache"]
         self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e,
-                                     preexec_fn=preexec_fn)
+                                     preexec_fn=preexec_fn, cwd=cwd)
         DAEMONS.append(self)
         os.close(w)
         if not ready:
@@ -2644,6 +2644,140 @@ def t_policyreload(exe, tmp):
     check(d.wait() == 0, "exit 0")
 
 
+def mode_is(path, want, what):
+    m = os.lstat(path).st_mode & 0o7777
+    check(m == want, "%s: %s is mode %04o, want %04o" % (what, path, m, want))
+
+
+def with_umask(mask, uid=None):
+    """A preexec_fn: the child's umask (and user, when uid is given), so that
+    what it creates does not depend on the test's own umask."""
+    def f():
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        os.umask(mask)
+    return f
+
+
+def t_umask(exe, tmp):
+    """Every file and directory dspkd makes has its documented mode whatever
+    the umask (probe 22 E1, E2): the cache's directories 0700, the cache file
+    and its -wal and -shm 0600, a new one and one rebuilt after corruption
+    (SQLite made that one 0644 & ~umask: 0644 under umask 022), the state
+    file's lock and the state file 0600, the socket 0660.  A daemon not run
+    as root under umask 0777 (which made its cache unusable and a mode-000
+    lock that refused every later start with a bare "Permission denied") then
+    starts again under umask 022 with the same files; a lock file left mode
+    000 is refused naming the path, its mode and the fix."""
+    for mask in (0o000, 0o022, 0o777):
+        what = "umask %03o" % mask
+        d = os.path.join(tmp, "m%03o" % mask)
+        os.mkdir(d)
+        db, jobs = os.path.join(d, "new", "sub", "c.db"), os.path.join(d, "s.jobs")
+        extra = ["--cache", db, "--job-state", jobs]
+        a = Daemon(exe, tmp, extra, sock=os.path.join(d, "s.sock"),
+                   preexec_fn=with_umask(mask))
+        for x in ("new", "new/sub"):
+            mode_is(os.path.join(d, x), 0o700, what)
+        for x in ("", "-wal", "-shm"):
+            mode_is(db + x, 0o600, what + ", a new cache")
+        mode_is(jobs + ".lock", 0o600, what)
+        mode_is(a.sock, 0o660, what)
+        a.client().call("job.register", {"job": 7, "uid": 1000})
+        mode_is(jobs, 0o600, what + ", the state file")
+        a.stop()
+        # Corrupt (a file of another mode: it makes no difference), rebuilt.
+        with open(db, "wb") as f:
+            f.write(b"junk" * 1000)
+        os.chmod(db, 0o644)
+        b = Daemon(exe, tmp, extra, sock=os.path.join(d, "s.sock"),
+                   preexec_fn=with_umask(mask))
+        check("was corrupt" in b.logtext() and "rebuilt it" in b.logtext(),
+              "rebuilt: " + b.logtext())
+        for x in ("", "-wal", "-shm"):
+            mode_is(db + x, 0o600, what + ", a rebuilt cache")
+        b.stop()
+
+    if os.getuid() != 0:
+        return
+    # As uid 65534, under umask 0777, with the default socket under its
+    # XDG_RUNTIME_DIR (the directory dspk made there 0700).
+    nobody = 65534
+    os.chmod(tmp, 0o711)
+    w = os.path.join(tmp, "w")
+    os.mkdir(w)
+    os.chown(w, nobody, nobody)
+    rt = os.path.join(w, "rt")
+    os.mkdir(rt, 0o700)
+    os.chown(rt, nobody, nobody)
+    sock = os.path.join(rt, "dspk", "dspkd.sock")
+    db, jobs = os.path.join(w, "sub", "c.db"), os.path.join(w, "s.jobs")
+    extra = ["--cache", db, "--job-state", jobs]
+    env = {"XDG_RUNTIME_DIR": rt}
+    a = Daemon(exe, tmp, extra, sock=sock, socket_flag=False, env=env,
+               preexec_fn=with_umask(0o777, nobody))
+    check("in-memory" not in a.logtext(), "a usable cache: " + a.logtext())
+    mode_is(os.path.dirname(sock), 0o700, "umask 777, uid 65534")
+    mode_is(sock, 0o660, "umask 777, uid 65534")
+    mode_is(os.path.join(w, "sub"), 0o700, "umask 777, uid 65534")
+    for x in ("", "-wal", "-shm"):
+        mode_is(db + x, 0o600, "umask 777, uid 65534")
+    mode_is(jobs + ".lock", 0o600, "umask 777, uid 65534")
+    a.stop()
+    b = Daemon(exe, tmp, extra, sock=sock, socket_flag=False, env=env,
+               preexec_fn=with_umask(0o022, nobody))
+    check("in-memory" not in b.logtext(), "the same cache again: " + b.logtext())
+    b.stop()
+    # A lock file left mode 000 (by an older dspkd): refused, saying which
+    # file, its mode and what to do.
+    os.chmod(jobs + ".lock", 0)
+    c = Daemon(exe, tmp, extra, sock=sock, socket_flag=False, env=env, ready=False,
+               preexec_fn=with_umask(0o022, nobody))
+    check(c.wait() == 2, "exit status 2: " + c.logtext())
+    want = ("cannot lock %s.lock: Permission denied (mode 0000, owner uid 65534; dspkd runs "
+            "as uid 65534 and must read and write it): chmod 600 it" % jobs)
+    check(want in c.logtext(), "%r in the log: %s" % (want, c.logtext()))
+
+
+def t_relsocket(exe, tmp):
+    """A relative --socket, --cache and --config in the foreground are named
+    absolute, as a detached daemon names them (probe 22 E3: "listening on
+    u/s.sock" and status's daemon.socket "u/s.sock" told no one which file
+    that was): the start log, status's daemon.socket and cache.stats' path.
+    A relative socket whose absolute form is longer than a socket's 107
+    bytes is still bound (as given) and named absolute."""
+    for sub in ("u", "d" * 110):
+        cwd = os.path.join(tmp, sub)
+        os.mkdir(cwd)
+        write(os.path.join(cwd, "r.conf"), "")
+        sock, db, conf = (os.path.join(cwd, x) for x in ("r.sock", "r.db", "r.conf"))
+        d = Daemon(exe, tmp, ["--socket", "r.sock", "--cache", "r.db", "--config", "r.conf"],
+                   sock="r.sock", cwd=cwd)
+        log = d.logtext()
+        for line in ("info: listening on %s\n" % sock, "info: cache: %s\n" % db,
+                     "info: configuration read from %s\n" % conf):
+            check(line in log, "%r in the log: %s" % (line, log))
+        here = os.getcwd()
+        os.chdir(cwd)
+        try:
+            c = d.client()
+            st = c.call("status")
+            cs = c.call("cache.stats")
+            c.close()
+        finally:
+            os.chdir(here)
+        check(st["daemon"]["socket"] == sock, "daemon.socket %r, want %r"
+              % (st["daemon"]["socket"], sock))
+        check(cs["path"] == db, "cache.stats path %r, want %r" % (cs["path"], db))
+        # Not d.stop(): cache.stats ran on libuv's thread pool, whose threads
+        # stay to the exit (check_clean_exit counts them as the devices').
+        d.proc.send_signal(signal.SIGTERM)
+        check(d.wait() == 0, "exit status 0: " + d.logtext())
+        check(not os.path.exists(sock), "the socket removed at the stop")
+
+
 def exit_path(exe, tmp, how, want_rc, backends="cpu"):
     d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": how}, backends=backends)
     a = d.client()
@@ -2778,6 +2912,8 @@ GROUPS = {
     "fdlimit": t_fdlimit,
     "cycles": t_cycles,
     "orphan": t_orphan,
+    "umask": t_umask,
+    "relsocket": t_relsocket,
 }
 
 
