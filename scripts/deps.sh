@@ -5,7 +5,7 @@ set -eu
 PKGS="build-essential cmake pkg-config git libuv1-dev libmsgpack-dev libsqlite3-dev
 libopenblas-dev libfftw3-dev libsystemd-dev libinih-dev libcmocka-dev python3
 python3-numpy python3-msgpack python3-venv python3-pip python3-setuptools python3-wheel
-python3-pytest libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-dev spirv-tools
+python3-pytest libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-dev spirv-tools spirv-headers
 glslang-tools unicode-data libvkfft-dev systemd libzip-dev scdoc man-db file dpkg-dev clang
 libclang-rt-14-dev libmicrohttpd-dev libamdhip64-dev libhiprtc-builtins5
 python3-prometheus-client tmux python3-yaml

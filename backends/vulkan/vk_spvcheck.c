@@ -34,68 +34,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <spirv/unified1/spirv.h>
+
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
 #include "proto/utf8.h"
 
-enum {
-  OP_EXTINST = 12,
-  OP_ENTRYPOINT = 15,
-  OP_TYPEBOOL = 20,
-  OP_TYPEINT = 21,
-  OP_TYPEFLOAT = 22,
-  OP_TYPEVECTOR = 23,
-  OP_TYPEMATRIX = 24,
-  OP_TYPEARRAY = 28,
-  OP_TYPERUNTIMEARRAY = 29,
-  OP_TYPESTRUCT = 30,
-  OP_TYPEPOINTER = 32,
-  OP_EXECUTIONMODE = 16,
-  OP_CONSTANTTRUE = 41,
-  OP_CONSTANTFALSE = 42,
-  OP_CONSTANT = 43,
-  OP_CONSTANTCOMPOSITE = 44,
-  OP_CONSTANTNULL = 46,
-  OP_SPECCONSTANTTRUE = 48,
-  OP_SPECCONSTANTFALSE = 49,
-  OP_SPECCONSTANT = 50,
-  OP_SPECCONSTANTCOMPOSITE = 51,
-  OP_SPECCONSTANTOP = 52,
-  OP_EXECUTIONMODEID = 331,
-  EXM_LOCALSIZE = 17,
-  EXM_LOCALSIZEID = 38,
-  DEC_BUILTIN = 11,
-  BI_WORKGROUPSIZE = 25,
-  SC_WORKGROUP = 4,
-  OP_FUNCTION = 54,
-  OP_VARIABLE = 59,
-  OP_DECORATE = 71,
-  OP_MEMBERDECORATE = 72,
-  OP_GROUPDECORATE = 74,
-  OP_GROUPMEMBERDECORATE = 75,
-  OP_LINE = 8,
-  OP_LOAD = 61,
-  OP_STORE = 62,
-  OP_COPYMEMORY = 63,
-  OP_COPYMEMORYSIZED = 64,
-  OP_VECTORSHUFFLE = 79,
-  OP_COMPOSITEEXTRACT = 81,
-  OP_COMPOSITEINSERT = 82,
-  OP_LOOPMERGE = 246,
-  OP_SELECTIONMERGE = 247,
-  OP_SWITCH = 251,
-  DEC_BLOCK = 2,
-  DEC_BUFFERBLOCK = 3,
-  DEC_ARRAYSTRIDE = 6,
-  DEC_BINDING = 33,
-  DEC_DESCRIPTORSET = 34,
-  DEC_OFFSET = 35,
-  EM_GLCOMPUTE = 5,
-  SC_UNIFORMCONSTANT = 0,
-  SC_UNIFORM = 2,
-  SC_PUSHCONSTANT = 9,
-  SC_STORAGEBUFFER = 12,
-};
 
 /* SPIR-V's universal limit on ids (its specification, "Universal Limits"). */
 #define ID_BOUND_MAX 4194303u
@@ -149,12 +93,12 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
     return 0;
   uint32_t n = len_of(t[0]);
   switch (op_of(t[0])) {
-  case OP_TYPEBOOL: return 4;
-  case OP_TYPEINT:
-  case OP_TYPEFLOAT: return n > 2 ? t[2] / 8 : 0;
-  case OP_TYPEPOINTER: return 8;
-  case OP_TYPEVECTOR:
-  case OP_TYPEMATRIX: {
+  case SpvOpTypeBool: return 4;
+  case SpvOpTypeInt:
+  case SpvOpTypeFloat: return n > 2 ? t[2] / 8 : 0;
+  case SpvOpTypePointer: return 8;
+  case SpvOpTypeVector:
+  case SpvOpTypeMatrix: {
     uint64_t es = n > 3 ? size_of(m, t[2], depth + 1) : 0;
     if (es == SIZE_UNKNOWN)
       return SIZE_UNKNOWN;
@@ -162,7 +106,7 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
       return SIZE_CAP;
     return t[3] * es;
   }
-  case OP_TYPEARRAY: {
+  case SpvOpTypeArray: {
     /* The length: the value the driver sees (a specialization constant at
      * its default: the daemon passes no specialization). */
     uint64_t len, es;
@@ -180,7 +124,7 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
     uint64_t s = (len - 1) * st + es;
     return s > SIZE_CAP ? SIZE_CAP : s;
   }
-  case OP_TYPESTRUCT: {
+  case SpvOpTypeStruct: {
     uint64_t end = 0, at = 0;
     for (uint32_t k = 0; k + 2 < n; k++) {
       uint64_t off = at;
@@ -189,16 +133,16 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
         uint32_t l = len_of(m->w[i]);
         if (l == 0 || i + l > m->nw)
           break;
-        if (op_of(m->w[i]) == OP_MEMBERDECORATE && l >= 5 && m->w[i + 1] == id &&
-            m->w[i + 2] == k && m->w[i + 3] == DEC_OFFSET)
+        if (op_of(m->w[i]) == SpvOpMemberDecorate && l >= 5 && m->w[i + 1] == id &&
+            m->w[i + 2] == k && m->w[i + 3] == SpvDecorationOffset)
           off = m->w[i + 4];
         /* A group's Offset given to (struct, member) pairs. */
-        if (op_of(m->w[i]) == OP_GROUPMEMBERDECORATE && l >= 2 && m->w[i + 1] < m->bound &&
+        if (op_of(m->w[i]) == SpvOpGroupMemberDecorate && l >= 2 && m->w[i + 1] < m->bound &&
             m->ids[m->w[i + 1]].offset >= 0)
           for (uint32_t j = 2; j + 1 < l; j += 2)
             if (m->w[i + j] == id && m->w[i + j + 1] == k)
               off = (uint64_t)m->ids[m->w[i + 1]].offset;
-        if (op_of(m->w[i]) == OP_FUNCTION)
+        if (op_of(m->w[i]) == SpvOpFunction)
           break;
         i += l;
       }
@@ -219,18 +163,18 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
  * is a literal (a number, a mask) rather than an id. */
 static int literal(uint32_t op, uint32_t k) {
   switch (op) {
-  case OP_LINE: return 1;
-  case OP_EXTINST: return k == 4;            /* the instruction's number */
-  case OP_FUNCTION: return k == 3;           /* function control */
-  case OP_LOAD: return k >= 4;               /* memory operands */
-  case OP_STORE: case OP_COPYMEMORY: return k >= 3;
-  case OP_COPYMEMORYSIZED: return k >= 4;
-  case OP_VECTORSHUFFLE: return k >= 5;      /* components */
-  case OP_COMPOSITEEXTRACT: return k >= 4;   /* indexes */
-  case OP_COMPOSITEINSERT: return k >= 5;
-  case OP_LOOPMERGE: return k >= 3;          /* loop control */
-  case OP_SELECTIONMERGE: return k >= 2;
-  case OP_SWITCH: return k >= 3 && k % 2 == 1; /* the case values */
+  case SpvOpLine: return 1;
+  case SpvOpExtInst: return k == 4;            /* the instruction's number */
+  case SpvOpFunction: return k == 3;           /* function control */
+  case SpvOpLoad: return k >= 4;               /* memory operands */
+  case SpvOpStore: case SpvOpCopyMemory: return k >= 3;
+  case SpvOpCopyMemorySized: return k >= 4;
+  case SpvOpVectorShuffle: return k >= 5;      /* components */
+  case SpvOpCompositeExtract: return k >= 4;   /* indexes */
+  case SpvOpCompositeInsert: return k >= 5;
+  case SpvOpLoopMerge: return k >= 3;          /* loop control */
+  case SpvOpSelectionMerge: return k >= 2;
+  case SpvOpSwitch: return k >= 3 && k % 2 == 1; /* the case values */
   default: return 0;
   }
 }
@@ -239,12 +183,12 @@ static int literal(uint32_t op, uint32_t k) {
  * -1 for any other type. */
 static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *sign) {
   const uint32_t *t = def_of(m, type);
-  if (t && op_of(t[0]) == OP_TYPEBOOL) {
+  if (t && op_of(t[0]) == SpvOpTypeBool) {
     *width = 1;
     *sign = 0;
     return 0;
   }
-  if (!t || op_of(t[0]) != OP_TYPEINT || len_of(t[0]) < 4 || t[2] == 0 || t[2] > 64)
+  if (!t || op_of(t[0]) != SpvOpTypeInt || len_of(t[0]) < 4 || t[2] == 0 || t[2] > 64)
     return -1;
   *width = t[2];
   *sign = t[3] != 0;
@@ -316,14 +260,14 @@ static int eval(const struct mod *m, const uint32_t *c, int depth, uint64_t *v) 
   if (n < 3 || int_type(m, c[1], &w, &sg))
     return -1;
   switch (op) {
-  case OP_CONSTANTTRUE: case OP_SPECCONSTANTTRUE: *v = 1; return 0;
-  case OP_CONSTANTFALSE: case OP_SPECCONSTANTFALSE: case OP_CONSTANTNULL: *v = 0; return 0;
-  case OP_CONSTANT: case OP_SPECCONSTANT:
+  case SpvOpConstantTrue: case SpvOpSpecConstantTrue: *v = 1; return 0;
+  case SpvOpConstantFalse: case SpvOpSpecConstantFalse: case SpvOpConstantNull: *v = 0; return 0;
+  case SpvOpConstant: case SpvOpSpecConstant:
     if (n < 4 || w == 1)
       return -1;
     *v = mask_to(w > 32 && n >= 5 ? (uint64_t)c[4] << 32 | c[3] : c[3], w);
     return 0;
-  case OP_SPECCONSTANTOP: break;
+  case SpvOpSpecConstantOp: break;
   default: return -1;
   }
   if (n < 5)
@@ -334,8 +278,8 @@ static int eval(const struct mod *m, const uint32_t *c, int depth, uint64_t *v) 
     uint32_t id = c[4];
     for (uint32_t k = 5; k < n; k++) {
       const uint32_t *x = def_of(m, id);
-      if (!x || (op_of(x[0]) != OP_CONSTANTCOMPOSITE &&
-                 op_of(x[0]) != OP_SPECCONSTANTCOMPOSITE) || 3 + (uint64_t)c[k] >= len_of(x[0]))
+      if (!x || (op_of(x[0]) != SpvOpConstantComposite &&
+                 op_of(x[0]) != SpvOpSpecConstantComposite) || 3 + (uint64_t)c[k] >= len_of(x[0]))
         return -1;
       id = x[3 + c[k]];
     }
@@ -446,7 +390,7 @@ static int local_size(const struct mod *m, const uint32_t *ep, const VkPhysicalD
      * that is not a composite of 3 evaluable constants cannot be told. */
     const uint32_t *c = def_of(m, id);
     told = 1;
-    if (!c || (op_of(c[0]) != OP_CONSTANTCOMPOSITE && op_of(c[0]) != OP_SPECCONSTANTCOMPOSITE) ||
+    if (!c || (op_of(c[0]) != SpvOpConstantComposite && op_of(c[0]) != SpvOpSpecConstantComposite) ||
         len_of(c[0]) < 6) {
       bad = 1;
       break;
@@ -459,7 +403,7 @@ static int local_size(const struct mod *m, const uint32_t *ep, const VkPhysicalD
     const uint32_t *o = m->w + m->ids[fn].mode;
     told = 1;
     for (int k = 0; k < 3; k++) {
-      if (op_of(o[0]) == OP_EXECUTIONMODE)
+      if (op_of(o[0]) == SpvOpExecutionMode)
         sz[k] = o[3 + k];
       else
         bad |= value_of(m, o[3 + k], &sz[k]) != 0;
@@ -514,59 +458,59 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       goto out; /* malformed: not after validation */
     const uint32_t *o = w + i;
     switch (op) {
-    case OP_ENTRYPOINT:
-      if (l >= 4 && !ep && o[1] == EM_GLCOMPUTE) {
+    case SpvOpEntryPoint:
+      if (l >= 4 && !ep && o[1] == SpvExecutionModelGLCompute) {
         size_t sl = strnlen((const char *)(o + 3), (l - 3) * 4);
         if (sl < (l - 3) * 4 && strcmp((const char *)(o + 3), entry) == 0)
           ep = o;
       }
       break;
-    case OP_TYPEBOOL: case OP_TYPEINT: case OP_TYPEFLOAT: case OP_TYPEVECTOR:
-    case OP_TYPEMATRIX: case OP_TYPEARRAY: case OP_TYPERUNTIMEARRAY: case OP_TYPESTRUCT:
-    case OP_TYPEPOINTER:
+    case SpvOpTypeBool: case SpvOpTypeInt: case SpvOpTypeFloat: case SpvOpTypeVector:
+    case SpvOpTypeMatrix: case SpvOpTypeArray: case SpvOpTypeRuntimeArray: case SpvOpTypeStruct:
+    case SpvOpTypePointer:
       if (l >= 2 && o[1] < m.bound)
         m.ids[o[1]].def = (uint32_t)i;
       break;
-    case OP_EXECUTIONMODE:
-    case OP_EXECUTIONMODEID:
+    case SpvOpExecutionMode:
+    case SpvOpExecutionModeId:
       if (l >= 6 && o[1] < m.bound &&
-          o[2] == (op == OP_EXECUTIONMODE ? EXM_LOCALSIZE : EXM_LOCALSIZEID))
+          o[2] == (op == SpvOpExecutionMode ? SpvExecutionModeLocalSize : SpvExecutionModeLocalSizeId))
         m.ids[o[1]].mode = (uint32_t)i;
       break;
-    case OP_CONSTANTTRUE:
-    case OP_CONSTANTFALSE:
-    case OP_CONSTANT:
-    case OP_CONSTANTNULL:
-    case OP_SPECCONSTANTTRUE:
-    case OP_SPECCONSTANTFALSE:
-    case OP_SPECCONSTANT:
-    case OP_SPECCONSTANTOP:
-    case OP_CONSTANTCOMPOSITE:
-    case OP_SPECCONSTANTCOMPOSITE:
-    case OP_VARIABLE:
+    case SpvOpConstantTrue:
+    case SpvOpConstantFalse:
+    case SpvOpConstant:
+    case SpvOpConstantNull:
+    case SpvOpSpecConstantTrue:
+    case SpvOpSpecConstantFalse:
+    case SpvOpSpecConstant:
+    case SpvOpSpecConstantOp:
+    case SpvOpConstantComposite:
+    case SpvOpSpecConstantComposite:
+    case SpvOpVariable:
       if (l >= 4 && o[2] < m.bound)
         m.ids[o[2]].def = (uint32_t)i;
       break;
-    case OP_DECORATE:
+    case SpvOpDecorate:
       if (l >= 3 && o[1] < m.bound) {
         struct id *d = &m.ids[o[1]];
-        if (o[2] == DEC_BLOCK)
+        if (o[2] == SpvDecorationBlock)
           d->block = 1;
-        else if (o[2] == DEC_BUFFERBLOCK)
+        else if (o[2] == SpvDecorationBufferBlock)
           d->block = 2;
-        else if (l >= 4 && o[2] == DEC_BINDING)
+        else if (l >= 4 && o[2] == SpvDecorationBinding)
           d->bnd = (int32_t)(o[3] & 0x7fffffff);
-        else if (l >= 4 && o[2] == DEC_DESCRIPTORSET)
+        else if (l >= 4 && o[2] == SpvDecorationDescriptorSet)
           d->set = (int32_t)(o[3] & 0x7fffffff);
-        else if (l >= 4 && o[2] == DEC_ARRAYSTRIDE)
+        else if (l >= 4 && o[2] == SpvDecorationArrayStride)
           d->stride = o[3];
-        else if (l >= 4 && o[2] == DEC_OFFSET)
+        else if (l >= 4 && o[2] == SpvDecorationOffset)
           d->offset = o[3]; /* read for a decoration group only */
-        else if (l >= 4 && o[2] == DEC_BUILTIN && o[3] == BI_WORKGROUPSIZE)
+        else if (l >= 4 && o[2] == SpvDecorationBuiltIn && o[3] == SpvBuiltInWorkgroupSize)
           d->wgsize = 1;
       }
       break;
-    case OP_GROUPDECORATE:
+    case SpvOpGroupDecorate:
       /* The group's decorations (given to the group's id before this
        * instruction, as SPIR-V's layout requires) to each target. */
       if (l >= 2 && o[1] < m.bound) {
@@ -586,7 +530,7 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
         }
       }
       break;
-    case OP_FUNCTION:
+    case SpvOpFunction:
       if (first_fn == nw)
         first_fn = i;
       break;
@@ -634,20 +578,20 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   uint64_t shared = 0;
   for (uint32_t id = 1; id < m.bound && !r; id++) {
     const uint32_t *v = def_of(&m, id);
-    if (!v || op_of(v[0]) != OP_VARIABLE)
+    if (!v || op_of(v[0]) != SpvOpVariable)
       continue;
     uint32_t sc = v[3];
     /* Every Workgroup variable counts, used or not: the zero-initialising
      * rewrite (vk_spvzero.c) gives each an initializer, which the driver
      * honours (lavapipe: an unused `shared float s[1 << 22]` took the
      * daemon's process 2.3 GiB and 82 s). */
-    if (!m.ids[id].used && sc != SC_WORKGROUP)
+    if (!m.ids[id].used && sc != SpvStorageClassWorkgroup)
       continue;
     const uint32_t *p = def_of(&m, v[1]);
-    uint32_t pointee = p && op_of(p[0]) == OP_TYPEPOINTER && len_of(p[0]) >= 4 ? p[3] : 0;
+    uint32_t pointee = p && op_of(p[0]) == SpvOpTypePointer && len_of(p[0]) >= 4 ? p[3] : 0;
     const uint32_t *t = def_of(&m, pointee);
     int32_t set = m.ids[id].set, bnd = m.ids[id].bnd;
-    if ((sc == SC_PUSHCONSTANT || sc == SC_WORKGROUP) &&
+    if ((sc == SpvStorageClassPushConstant || sc == SpvStorageClassWorkgroup) &&
         size_of(&m, pointee, 0) == SIZE_UNKNOWN) {
       /* Its size must be the driver's: refused where it cannot be told. */
       snprintf(msg, msglen,
@@ -656,11 +600,11 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
                "expression other than integer arithmetic on specialization constants' "
                "defaults, or types nested more than 16 deep): give it a constant or "
                "specialization-constant length",
-               sc == SC_WORKGROUP ? "shared (Workgroup)" : "push-constant", id);
+               sc == SpvStorageClassWorkgroup ? "shared (Workgroup)" : "push-constant", id);
       r = DSPK_EINVAL;
       continue;
     }
-    if (sc == SC_PUSHCONSTANT) {
+    if (sc == SpvStorageClassPushConstant) {
       uint64_t s = size_of(&m, pointee, 0);
       if (s > pcmax) {
         snprintf(msg, msglen,
@@ -671,26 +615,26 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       }
       continue;
     }
-    if (sc == SC_WORKGROUP)
+    if (sc == SpvStorageClassWorkgroup)
       shared += size_of(&m, pointee, 0);
-    if (sc != SC_UNIFORMCONSTANT && sc != SC_UNIFORM && sc != SC_STORAGEBUFFER)
+    if (sc != SpvStorageClassUniformConstant && sc != SpvStorageClassUniform && sc != SpvStorageClassStorageBuffer)
       continue;
     if (set < 0 || bnd < 0) {
       snprintf(msg, msglen,
                "kernel: the shader uses a resource without a binding (and set): tensors are "
                "storage buffers at bindings 0, 1, ... of set 0");
       r = DSPK_EINVAL;
-    } else if (t && (op_of(t[0]) == OP_TYPEARRAY || op_of(t[0]) == OP_TYPERUNTIMEARRAY)) {
+    } else if (t && (op_of(t[0]) == SpvOpTypeArray || op_of(t[0]) == SpvOpTypeRuntimeArray)) {
       snprintf(msg, msglen,
                "kernel: the shader uses an array of resources at set %d, binding %d: each "
                "tensor is one storage buffer", set, bnd);
       r = DSPK_EINVAL;
-    } else if (sc == SC_UNIFORMCONSTANT ||
-               (sc == SC_UNIFORM && !(t && m.ids[pointee].block == 2))) {
+    } else if (sc == SpvStorageClassUniformConstant ||
+               (sc == SpvStorageClassUniform && !(t && m.ids[pointee].block == 2))) {
       snprintf(msg, msglen,
                "kernel: the shader uses %s at set %d, binding %d: tensors are bound as "
                "storage buffers only (declare it `buffer`)",
-               sc == SC_UNIFORM ? "a uniform buffer" : "an image or sampler", set, bnd);
+               sc == SpvStorageClassUniform ? "a uniform buffer" : "an image or sampler", set, bnd);
       r = DSPK_EINVAL;
     } else if (set != 0) {
       snprintf(msg, msglen,

@@ -37,17 +37,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <spirv/unified1/spirv.h>
+
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
 #include "proto/utf8.h"
 
-enum {
-  OP_TYPEPOINTER = 32,
-  OP_ACCESSCHAIN = 65,
-  OP_INBOUNDSACCESSCHAIN = 66,
-  SC_UNIFORM = 2,
-  SC_STORAGEBUFFER = 12,
-};
 
 #define ID_BOUND_MAX 4194303u /* SPIR-V's universal limit on ids */
 
@@ -85,19 +80,19 @@ static int restore_buffers(const uint32_t *w, size_t nw, uint32_t *o, size_t no)
   }
   for (size_t i = 5; i < nw; i += w[i] >> 16) {
     uint32_t op = w[i] & 0xffffu, n = w[i] >> 16;
-    if ((op == OP_ACCESSCHAIN || op == OP_INBOUNDSACCESSCHAIN) && n >= 4 && w[i + 2] < bound)
+    if ((op == SpvOpAccessChain || op == SpvOpInBoundsAccessChain) && n >= 4 && w[i + 2] < bound)
       chain[w[i + 2]] = (uint32_t)i;
   }
   for (size_t i = 5; i < no; i += o[i] >> 16) {
     uint32_t op = o[i] & 0xffffu, n = o[i] >> 16;
-    if (op == OP_TYPEPOINTER && n == 4 && o[i + 1] < bound && o[i + 2] < 255)
+    if (op == SpvOpTypePointer && n == 4 && o[i + 1] < bound && o[i + 2] < 255)
       sc[o[i + 1]] = (uint8_t)(1 + o[i + 2]);
-    if ((op != OP_ACCESSCHAIN && op != OP_INBOUNDSACCESSCHAIN) || n < 4)
+    if ((op != SpvOpAccessChain && op != SpvOpInBoundsAccessChain) || n < 4)
       continue;
     uint32_t type = o[i + 1], id = o[i + 2];
     if (type >= bound || id >= bound || !sc[type])
       continue; /* a pointer type declared later: none in a valid module */
-    if (sc[type] != 1 + SC_STORAGEBUFFER && sc[type] != 1 + SC_UNIFORM)
+    if (sc[type] != 1 + SpvStorageClassStorageBuffer && sc[type] != 1 + SpvStorageClassUniform)
       continue;
     uint32_t at = chain[id];
     if (!at || w[at] != o[i] || w[at + 1] != type) {

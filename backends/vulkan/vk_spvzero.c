@@ -27,26 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <spirv/unified1/spirv.h>
+
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
 
-enum {
-  OP_UNDEF = 1,
-  OP_TYPEBOOL = 20,
-  OP_TYPEINT = 21,
-  OP_TYPEFLOAT = 22,
-  OP_TYPEVECTOR = 23,
-  OP_TYPEMATRIX = 24,
-  OP_TYPEARRAY = 28,
-  OP_TYPESTRUCT = 30,
-  OP_TYPEPOINTER = 32,
-  OP_CONSTANTNULL = 46,
-  OP_FUNCTION = 54,
-  OP_VARIABLE = 59,
-  SC_WORKGROUP = 4,
-  SC_PRIVATE = 6,
-  SC_FUNCTION = 7,
-};
 
 #define ID_BOUND_MAX 4194303u /* SPIR-V's universal limit on ids */
 
@@ -74,11 +59,11 @@ static int null_ok(const uint32_t *w, struct zid *ids, uint32_t bound, uint32_t 
   uint32_t l = len_of(t[0]);
   int ok = 0;
   switch (op_of(t[0])) {
-  case OP_TYPEBOOL: case OP_TYPEINT: case OP_TYPEFLOAT: case OP_TYPEPOINTER: ok = 1; break;
-  case OP_TYPEVECTOR: case OP_TYPEMATRIX: case OP_TYPEARRAY:
+  case SpvOpTypeBool: case SpvOpTypeInt: case SpvOpTypeFloat: case SpvOpTypePointer: ok = 1; break;
+  case SpvOpTypeVector: case SpvOpTypeMatrix: case SpvOpTypeArray:
     ok = l >= 3 && null_ok(w, ids, bound, t[2], depth + 1);
     break;
-  case OP_TYPESTRUCT:
+  case SpvOpTypeStruct:
     ok = 1;
     for (uint32_t k = 2; k < l && ok; k++)
       ok = null_ok(w, ids, bound, t[k], depth + 1);
@@ -115,7 +100,7 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
       r = DSPK_EINVAL;
       goto out;
     }
-    if (op >= OP_TYPEBOOL && op <= OP_TYPEPOINTER && l >= 2 && w[i + 1] < bound &&
+    if (op >= SpvOpTypeBool && op <= SpvOpTypePointer && l >= 2 && w[i + 1] < bound &&
         !ids[w[i + 1]].def)
       ids[w[i + 1]].def = (uint32_t)i;
     i += l;
@@ -126,13 +111,13 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
   for (size_t i = 5; i < nw; i += len_of(w[i])) {
     const uint32_t *in = w + i;
     uint32_t op = op_of(in[0]), l = len_of(in[0]);
-    if (op == OP_UNDEF && l == 3 && null_ok(w, ids, bound, in[1], 0)) {
+    if (op == SpvOpUndef && l == 3 && null_ok(w, ids, bound, in[1], 0)) {
       nu++; /* moved, as many words */
-    } else if (op == OP_VARIABLE && l == 4 &&
-               (in[3] == SC_WORKGROUP || in[3] == SC_PRIVATE || in[3] == SC_FUNCTION)) {
+    } else if (op == SpvOpVariable && l == 4 &&
+               (in[3] == SpvStorageClassWorkgroup || in[3] == SpvStorageClassPrivate || in[3] == SpvStorageClassFunction)) {
       const uint32_t *p = in[1] < bound && ids[in[1]].def ? w + ids[in[1]].def : NULL;
-      uint32_t t = p && op_of(p[0]) == OP_TYPEPOINTER && len_of(p[0]) >= 4 ? p[3] : 0;
-      if (in[3] == SC_WORKGROUP && !workgroup) {
+      uint32_t t = p && op_of(p[0]) == SpvOpTypePointer && len_of(p[0]) >= 4 ? p[3] : 0;
+      if (in[3] == SpvStorageClassWorkgroup && !workgroup) {
         snprintf(msg, msglen, "kernel: the shader declares workgroup (shared) memory, which "
                  "this device cannot zero-initialise (it lacks "
                  "shaderZeroInitializeWorkgroupMemory): raw kernels using it cannot run here");
@@ -140,7 +125,7 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
         goto out;
       }
       if (!null_ok(w, ids, bound, t, 0)) {
-        if (in[3] == SC_WORKGROUP) {
+        if (in[3] == SpvStorageClassWorkgroup) {
           snprintf(msg, msglen, "kernel: the shader's workgroup variable %u has a type "
                    "that cannot be zero-initialised", in[2]);
           r = DSPK_ENOTSUP;
@@ -167,7 +152,7 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
   }
   nu = 0;
   for (size_t i = 5; i < nw; i += len_of(w[i]))
-    if (op_of(w[i]) == OP_UNDEF && len_of(w[i]) == 3 && null_ok(w, ids, bound, w[i + 1], 0)) {
+    if (op_of(w[i]) == SpvOpUndef && len_of(w[i]) == 3 && null_ok(w, ids, bound, w[i + 1], 0)) {
       u[nu].at = i;
       u[nu].next = ids[w[i + 1]].undef;
       ids[w[i + 1]].undef = ++nu;
@@ -178,16 +163,16 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
   for (size_t i = 5; i < nw; i += len_of(w[i])) {
     const uint32_t *in = w + i;
     uint32_t op = op_of(in[0]), l = len_of(in[0]);
-    if (op == OP_UNDEF && l == 3 && null_ok(w, ids, bound, in[1], 0))
+    if (op == SpvOpUndef && l == 3 && null_ok(w, ids, bound, in[1], 0))
       continue; /* written after its type, below */
-    if (op == OP_VARIABLE && l == 4 &&
-        (in[3] == SC_WORKGROUP || in[3] == SC_PRIVATE || in[3] == SC_FUNCTION)) {
+    if (op == SpvOpVariable && l == 4 &&
+        (in[3] == SpvStorageClassWorkgroup || in[3] == SpvStorageClassPrivate || in[3] == SpvStorageClassFunction)) {
       const uint32_t *p = in[1] < bound && ids[in[1]].def ? w + ids[in[1]].def : NULL;
-      uint32_t t = p && op_of(p[0]) == OP_TYPEPOINTER && len_of(p[0]) >= 4 ? p[3] : 0;
+      uint32_t t = p && op_of(p[0]) == SpvOpTypePointer && len_of(p[0]) >= 4 ? p[3] : 0;
       if (t && t < bound && ids[t].null) {
         if (!ids[t].done) /* its type came after the pointer's use: malformed */
           break;
-        o[no++] = (5u << 16) | OP_VARIABLE;
+        o[no++] = (5u << 16) | SpvOpVariable;
         o[no++] = in[1];
         o[no++] = in[2];
         o[no++] = in[3];
@@ -198,18 +183,18 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
     memcpy(o + no, in, l * sizeof *o);
     no += l;
     /* After a type's declaration: its null constants. */
-    if (op >= OP_TYPEBOOL && op <= OP_TYPEPOINTER && l >= 2 && in[1] < bound &&
+    if (op >= SpvOpTypeBool && op <= SpvOpTypePointer && l >= 2 && in[1] < bound &&
         ids[in[1]].def == i) {
       uint32_t t = in[1];
       if (ids[t].null) {
-        o[no++] = (3u << 16) | OP_CONSTANTNULL;
+        o[no++] = (3u << 16) | SpvOpConstantNull;
         o[no++] = t;
         o[no++] = ids[t].null;
         ids[t].done = 1;
       }
       /* The OpUndefs of this type, wherever they are. */
       for (uint32_t k = ids[t].undef; k; k = u[k - 1].next) {
-        o[no++] = (3u << 16) | OP_CONSTANTNULL;
+        o[no++] = (3u << 16) | SpvOpConstantNull;
         o[no++] = t;
         o[no++] = w[u[k - 1].at + 2];
       }
