@@ -2587,8 +2587,47 @@ static void t_spv_spec_limits(void **state) {
     strcat(src, ";\nvoid main() { s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1] = "
                 "3.0; x[0] = s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1]; }\n");
     int r = glsl_try(src, msg, sizeof msg, NULL);
-    if (r != DSPK_EINVAL || !strstr(msg, "nested more than 16 deep"))
-      fail_msg("a shared array of 18 levels: %d \"%s\", expected EINVAL", r, msg);
+    if (r != DSPK_EINVAL || !strstr(msg, "variable \"s\" (id ") ||
+        !strstr(msg, "more than 16 deep") || strstr(msg, "length"))
+      fail_msg("a shared array of 18 levels: %d \"%s\", expected EINVAL naming s and the "
+               "nesting limit", r, msg);
+  }
+  /* The same of every length the constant 1, 17 deep (probe 22 F2 2: the
+   * message blamed the lengths and named the variable by its id), in
+   * SPIR-V whose OpName holds control characters: the nesting limit is the
+   * reason, the name is echoed escaped; 16 deep runs. */
+  for (int deep = 16; deep <= 17; deep++) {
+    char text[4096];
+    int n = snprintf(text, sizeof text,
+                     "OpCapability Shader\nOpMemoryModel Logical GLSL450\n"
+                     "OpEntryPoint GLCompute %%main \"main\"\n"
+                     "OpExecutionMode %%main LocalSize 1 1 1\n"
+                     "OpName %%s \"sh\x1b[31m\n\"\n"
+                     "%%void = OpTypeVoid\n%%fn = OpTypeFunction %%void\n"
+                     "%%f = OpTypeFloat 32\n%%u = OpTypeInt 32 0\n%%one = OpConstant %%u 1\n"
+                     "%%t0 = OpTypeArray %%f %%one\n");
+    for (int k = 1; k < deep; k++)
+      n += snprintf(text + n, sizeof text - (size_t)n, "%%t%d = OpTypeArray %%t%d %%one\n", k,
+                    k - 1);
+    snprintf(text + n, sizeof text - (size_t)n,
+             "%%p = OpTypePointer Workgroup %%t%d\n%%s = OpVariable %%p Workgroup\n"
+             "%%main = OpFunction %%void None %%fn\n%%l = OpLabel\nOpReturn\nOpFunctionEnd\n",
+             deep - 1);
+    uint32_t *w;
+    size_t nw;
+    spv_assemble(text, &w, &nw);
+    struct dspk__tensor t = {.dtype = DSPK_F32, .rank = 1, .shape = {1}};
+    assert_int_equal(VKB->alloc(D, 4, &t.mem), 0);
+    int r = raw_over_lang("spirv", w, nw * 4, &t, 1, NULL, 0, msg, sizeof msg);
+    VKB->free(D, t.mem);
+    free(w);
+    if (deep == 16 && r)
+      fail_msg("a shared float[1] nested 16 deep: %d \"%s\", expected it to run", r, msg);
+    if (deep == 17 &&
+        (r != DSPK_EINVAL || !strstr(msg, "more than 16 deep") || strstr(msg, "length") ||
+         !strstr(msg, "variable \"sh\\x1b[31m\\n\" (id ") || strchr(msg, 0x1b)))
+      fail_msg("a shared float[1] nested 17 deep: %d \"%s\", expected EINVAL naming the "
+               "nesting limit and the variable, escaped", r, msg);
   }
   /* A length that cannot be evaluated (N / 0) or below 1 (N - 8): EINVAL. */
   snprintf(consts, sizeof consts, "%%N = OpSpecConstant %%int 8\n%%W = OpSpecConstant %%uint 1\n");
