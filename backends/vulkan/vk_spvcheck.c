@@ -80,6 +80,58 @@ static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *si
 #define SIZE_UNKNOWN UINT64_MAX
 #define SIZE_CAP ((uint64_t)1 << 40)
 
+/* The deepest nesting size_of reads: a type whose members or elements,
+ * within one another, go deeper is not counted (SIZE_UNKNOWN). */
+#define NEST_MAX 16
+
+/* Whether the type nests arrays, vectors, matrices and structs within one
+ * another more than NEST_MAX deep (the cause of SIZE_UNKNOWN that is not a
+ * length), as size_of counts the depth. */
+static bool too_deep(const struct mod *m, uint32_t id, int depth) {
+  const uint32_t *t = def_of(m, id);
+  if (depth > NEST_MAX)
+    return true;
+  if (!t)
+    return false;
+  uint32_t n = len_of(t[0]);
+  switch (op_of(t[0])) {
+  case SpvOpTypeVector:
+  case SpvOpTypeMatrix:
+  case SpvOpTypeArray: return n > 2 && too_deep(m, t[2], depth + 1);
+  case SpvOpTypeStruct:
+    for (uint32_t k = 0; k + 2 < n; k++)
+      if (too_deep(m, t[2 + k], depth + 1))
+        return true;
+    return false;
+  default: return false;
+  }
+}
+
+/* The variable's name for a message: "NAME" (its OpName, escaped: a
+ * client's text) followed by its id, or the id alone. */
+static const char *var_name(const struct mod *m, uint32_t id, char *dst, size_t cap) {
+  for (size_t i = 5; i < m->nw;) {
+    uint32_t l = len_of(m->w[i]);
+    if (l == 0 || i + l > m->nw)
+      break;
+    if (op_of(m->w[i]) == SpvOpFunction)
+      break;
+    if (op_of(m->w[i]) == SpvOpName && l >= 3 && m->w[i + 1] == id) {
+      const char *str = (const char *)(m->w + i + 2);
+      size_t n = strnlen(str, (size_t)(l - 2) * 4);
+      if (n) {
+        char echo[DSPK__ECHO_CAP(64)];
+        snprintf(dst, cap, "\"%s\" (id %u)", dspk__utf8_echo(echo, sizeof echo, str, n, 64),
+                 id);
+        return dst;
+      }
+    }
+    i += l;
+  }
+  snprintf(dst, cap, "%u", id);
+  return dst;
+}
+
 /* Bytes the type occupies in a block (its last byte's end), at most 2^40;
  * 0 where it has none to count (a runtime array, an unknown type);
  * SIZE_UNKNOWN where it holds an array whose length (a specialization
@@ -87,7 +139,7 @@ static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *si
  * or is below 1, or types nested more than 16 deep. */
 static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
   const uint32_t *t = def_of(m, id);
-  if (depth > 16)
+  if (depth > NEST_MAX)
     return SIZE_UNKNOWN; /* counted as 0, arrays nested deeper escaped the limits */
   if (!t)
     return 0;
@@ -594,13 +646,22 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
     if ((sc == SpvStorageClassPushConstant || sc == SpvStorageClassWorkgroup) &&
         size_of(&m, pointee, 0) == SIZE_UNKNOWN) {
       /* Its size must be the driver's: refused where it cannot be told. */
-      snprintf(msg, msglen,
-               "kernel: the shader's %s variable %u holds an array whose length cannot be "
-               "told before the pipeline is made (below 1, a specialization-constant "
-               "expression other than integer arithmetic on specialization constants' "
-               "defaults, or types nested more than 16 deep): give it a constant or "
-               "specialization-constant length",
-               sc == SpvStorageClassWorkgroup ? "shared (Workgroup)" : "push-constant", id);
+      char name[DSPK__ECHO_CAP(64) + 32];
+      const char *what = sc == SpvStorageClassWorkgroup ? "shared (Workgroup)" : "push-constant";
+      var_name(&m, id, name, sizeof name);
+      if (too_deep(&m, pointee, 0))
+        snprintf(msg, msglen,
+                 "kernel: the shader's %s variable %s nests its types (arrays, structs, "
+                 "vectors, matrices within one another) more than %d deep, the most the "
+                 "daemon reads to count its size: nest them less deep",
+                 what, name, NEST_MAX);
+      else
+        snprintf(msg, msglen,
+                 "kernel: the shader's %s variable %s holds an array whose length cannot be "
+                 "told before the pipeline is made (below 1, or a specialization-constant "
+                 "expression other than integer arithmetic on specialization constants' "
+                 "defaults): give it a constant or specialization-constant length",
+                 what, name);
       r = DSPK_EINVAL;
       continue;
     }

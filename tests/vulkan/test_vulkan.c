@@ -1752,6 +1752,159 @@ static void t_raw_oob_private(void **state) {
   free(w);
 }
 
+/* How far robustBufferAccess2 bounds a raw kernel's index into a tensor
+ * (probe 22 F2 1): the device checks the byte offset (member offset +
+ * index x stride) it computes, and lavapipe computes it modulo 2^32 (a
+ * 64-bit index cut to 32 bits), so d[2^30] of 4-byte elements is d[0].
+ * protocol.md, "kernel", says what holds on every such device: an offset
+ * in [binding size, 2^32) reads zero and drops its store; a negative one
+ * or one of 2^32 or more either does so or, taken modulo 2^32, reaches
+ * that element of the same binding; never anything outside the binding.
+ * The tensor is 16 words in the middle of a 64-word block whose other
+ * words are sentinels; each kernel loads and stores through one index.
+ * On lavapipe the wrap is required (that is what the doc says it does). */
+static void raw_wrap_check(const char *what, const char *lang, const void *src, size_t len,
+                           bool wide, const int64_t *idx, size_t nidx) {
+  bool lvp = strstr(D->name, "llvmpipe") != NULL;
+  for (size_t j = 0; j < nidx; j++) {
+    int64_t i = idx[j];
+    uint32_t pat[64], back[64], o = 1;
+    for (int k = 0; k < 64; k++)
+      pat[k] = 0x5EC20000u + (uint32_t)k;
+    struct dspk__tensor t[2] = {{.dtype = DSPK_F32, .rank = 1, .shape = {16}, .offset = 64},
+                                words(1)};
+    assert_int_equal(VKB->alloc(D, sizeof pat, &t[0].mem), 0);
+    assert_int_equal(VKB->write(D, t[0].mem, 0, pat, sizeof pat), 0);
+    struct dspk__karg a = wide ? (struct dspk__karg){.kind = DSPK__KARG_I64, .v.i64 = i}
+                               : (struct dspk__karg){.kind = DSPK__KARG_I32, .v.i32 = (int32_t)i};
+    char msg[512];
+    int r = raw_over_lang(lang, src, len, t, 2, &a, 1, msg, sizeof msg);
+    if (r)
+      fail_msg("%s, index %lld: %d %s", what, (long long)i, r, msg);
+    assert_int_equal(VKB->read(D, t[0].mem, 0, back, sizeof back), 0);
+    assert_int_equal(VKB->read(D, t[1].mem, 0, &o, sizeof o), 0);
+    VKB->free(D, t[0].mem);
+    VKB->free(D, t[1].mem);
+    /* The exact byte offset (in 128 bits' worth: |i| < 2^63, x4) and the
+     * wrapped one. */
+    bool exact_in = i >= 0 && i < ((int64_t)1 << 30);
+    uint32_t w = (uint32_t)((uint64_t)i * 4u);
+    int at = -1;
+    for (int k = 0; k < 64; k++)
+      if (back[k] != pat[k]) {
+        if (k < 16 || k >= 32 || back[k] != 0xdeadu || at >= 0)
+          fail_msg("%s, index %lld: word %d of the block became %#x: a store landed outside "
+                   "its tensor or twice", what, (long long)i, k, back[k]);
+        at = k - 16;
+      }
+    if (exact_in && i < 16 && at != (int)i)
+      fail_msg("%s, index %lld: the in-range store landed at %d", what, (long long)i, at);
+    if (exact_in && i >= 16 && (at >= 0 || o != 0))
+      fail_msg("%s, index %lld (byte offset below 2^32, past the tensor): the store landed at "
+               "%d, the load read %#x: not dropped / zero", what, (long long)i, at, o);
+    if (!exact_in) {
+      bool wraps = w < 64;
+      if (at >= 0 && (!wraps || at != (int)(w / 4)))
+        fail_msg("%s, index %lld: the store landed at %d, not at the wrapped offset %#x",
+                 what, (long long)i, at, w);
+      if (at < 0 && o != 0)
+        fail_msg("%s, index %lld: the store was dropped but the load read %#x", what,
+                 (long long)i, o);
+      if (at >= 0 && o != pat[16 + at])
+        fail_msg("%s, index %lld: the load read %#x, want the wrapped element %#x", what,
+                 (long long)i, o, pat[16 + at]);
+      if (lvp && wraps != (at >= 0))
+        fail_msg("%s, index %lld: lavapipe %s the wrapped offset %#x, which protocol.md "
+                 "says it %s", what, (long long)i, at >= 0 ? "reached" : "did not reach", w,
+                 wraps ? "reaches" : "drops");
+    }
+  }
+}
+
+static const char raw_wrap_asm[] =
+    "OpCapability Shader\n"
+    "OpCapability Int64\n"
+    "OpMemoryModel Logical GLSL450\n"
+    "OpEntryPoint GLCompute %main \"main\"\n"
+    "OpExecutionMode %main LocalSize 1 1 1\n"
+    "OpDecorate %rt ArrayStride 4\n"
+    "OpMemberDecorate %blk 0 Offset 0\n"
+    "OpDecorate %blk Block\n"
+    "OpDecorate %ab DescriptorSet 0\n"
+    "OpDecorate %ab Binding 0\n"
+    "OpDecorate %ob DescriptorSet 0\n"
+    "OpDecorate %ob Binding 1\n"
+    "OpMemberDecorate %pcb 0 Offset 0\n"
+    "OpDecorate %pcb Block\n"
+    "%void = OpTypeVoid\n"
+    "%fn = OpTypeFunction %void\n"
+    "%u32 = OpTypeInt 32 0\n"
+    "%i32 = OpTypeInt 32 1\n"
+    "%i64 = OpTypeInt 64 1\n"
+    "%c0 = OpConstant %i32 0\n"
+    "%dead = OpConstant %u32 57005\n"
+    "%rt = OpTypeRuntimeArray %u32\n"
+    "%blk = OpTypeStruct %rt\n"
+    "%pblk = OpTypePointer StorageBuffer %blk\n"
+    "%psu = OpTypePointer StorageBuffer %u32\n"
+    "%pcb = OpTypeStruct %i64\n"
+    "%ppcb = OpTypePointer PushConstant %pcb\n"
+    "%ppci = OpTypePointer PushConstant %i64\n"
+    "%ab = OpVariable %pblk StorageBuffer\n"
+    "%ob = OpVariable %pblk StorageBuffer\n"
+    "%pc = OpVariable %ppcb PushConstant\n"
+    "%main = OpFunction %void None %fn\n"
+    "%l = OpLabel\n"
+    "%pi = OpAccessChain %ppci %pc %c0\n"
+    "%i = OpLoad %i64 %pi\n"
+    "%ai = OpAccessChain %psu %ab %c0 %i\n"
+    "%v = OpLoad %u32 %ai\n"
+    "%o0 = OpAccessChain %psu %ob %c0 %c0\n"
+    "OpStore %o0 %v\n"
+    "OpStore %ai %dead\n"
+    "OpReturn\n"
+    "OpFunctionEnd\n";
+
+static void t_raw_wrap(void **state) {
+  (void)state;
+  if (!D->robust_raw) {
+    print_message("%s offers no pipeline robustness with robustBufferAccess2: raw kernels "
+                  "are not bounded there\n", D->name);
+    skip();
+  }
+  static const char rt[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint d[]; };\n"
+      "layout(std430, binding = 1) buffer O { uint o[]; };\n"
+      "layout(push_constant) uniform P { int i; } p;\n"
+      "void main() { o[0] = d[p.i]; d[p.i] = 0xdeadu; }\n";
+  /* A fixed array before the runtime array: h[k] is word k of the binding. */
+  static const char fixed[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint h[4]; uint d[]; };\n"
+      "layout(std430, binding = 1) buffer O { uint o[]; };\n"
+      "layout(push_constant) uniform P { int i; } p;\n"
+      "void main() { o[0] = h[p.i]; h[p.i] = 0xdeadu; }\n";
+  static const int64_t i32[] = {3, 15, 16, 100, (1 << 30) - 1, 1 << 29, -1, -16,
+                                1 << 30, (1 << 30) + 2, -(1 << 30) + 5, -(1 << 30) - 1,
+                                INT32_MAX, INT32_MIN, INT32_MIN + 7};
+  raw_wrap_check("glsl d[i]", "glsl", rt, strlen(rt), false, i32, sizeof i32 / sizeof i32[0]);
+  raw_wrap_check("glsl h[4] before d[]", "glsl", fixed, strlen(fixed), false, i32,
+                 sizeof i32 / sizeof i32[0]);
+  static const int64_t i64[] = {2, 16, (1 << 30) - 1, (int64_t)1 << 30, ((int64_t)1 << 32) + 3,
+                                ((int64_t)1 << 34) + 5, -((int64_t)1 << 62) + 2,
+                                ((int64_t)1 << 32) - 1, -((int64_t)1 << 32) + 20, INT64_MAX,
+                                INT64_MIN + 9, -1};
+  uint32_t *w;
+  size_t nw;
+  spv_assemble(raw_wrap_asm, &w, &nw);
+  raw_wrap_check("spirv, 64-bit index", "spirv", w, nw * 4, true, i64,
+                 sizeof i64 / sizeof i64[0]);
+  free(w);
+}
+
 /* A raw kernel's tensor at a multiple of its item size but not of the
  * device's minStorageBufferOffsetAlignment (a slice of a client's shared
  * array, which protocol.md allows) was ENOTSUP "its offset must be a
@@ -2434,8 +2587,47 @@ static void t_spv_spec_limits(void **state) {
     strcat(src, ";\nvoid main() { s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1] = "
                 "3.0; x[0] = s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1]; }\n");
     int r = glsl_try(src, msg, sizeof msg, NULL);
-    if (r != DSPK_EINVAL || !strstr(msg, "nested more than 16 deep"))
-      fail_msg("a shared array of 18 levels: %d \"%s\", expected EINVAL", r, msg);
+    if (r != DSPK_EINVAL || !strstr(msg, "variable \"s\" (id ") ||
+        !strstr(msg, "more than 16 deep") || strstr(msg, "length"))
+      fail_msg("a shared array of 18 levels: %d \"%s\", expected EINVAL naming s and the "
+               "nesting limit", r, msg);
+  }
+  /* The same of every length the constant 1, 17 deep (probe 22 F2 2: the
+   * message blamed the lengths and named the variable by its id), in
+   * SPIR-V whose OpName holds control characters: the nesting limit is the
+   * reason, the name is echoed escaped; 16 deep runs. */
+  for (int deep = 16; deep <= 17; deep++) {
+    char text[4096];
+    int n = snprintf(text, sizeof text,
+                     "OpCapability Shader\nOpMemoryModel Logical GLSL450\n"
+                     "OpEntryPoint GLCompute %%main \"main\"\n"
+                     "OpExecutionMode %%main LocalSize 1 1 1\n"
+                     "OpName %%s \"sh\x1b[31m\n\"\n"
+                     "%%void = OpTypeVoid\n%%fn = OpTypeFunction %%void\n"
+                     "%%f = OpTypeFloat 32\n%%u = OpTypeInt 32 0\n%%one = OpConstant %%u 1\n"
+                     "%%t0 = OpTypeArray %%f %%one\n");
+    for (int k = 1; k < deep; k++)
+      n += snprintf(text + n, sizeof text - (size_t)n, "%%t%d = OpTypeArray %%t%d %%one\n", k,
+                    k - 1);
+    snprintf(text + n, sizeof text - (size_t)n,
+             "%%p = OpTypePointer Workgroup %%t%d\n%%s = OpVariable %%p Workgroup\n"
+             "%%main = OpFunction %%void None %%fn\n%%l = OpLabel\nOpReturn\nOpFunctionEnd\n",
+             deep - 1);
+    uint32_t *w;
+    size_t nw;
+    spv_assemble(text, &w, &nw);
+    struct dspk__tensor t = {.dtype = DSPK_F32, .rank = 1, .shape = {1}};
+    assert_int_equal(VKB->alloc(D, 4, &t.mem), 0);
+    int r = raw_over_lang("spirv", w, nw * 4, &t, 1, NULL, 0, msg, sizeof msg);
+    VKB->free(D, t.mem);
+    free(w);
+    if (deep == 16 && r)
+      fail_msg("a shared float[1] nested 16 deep: %d \"%s\", expected it to run", r, msg);
+    if (deep == 17 &&
+        (r != DSPK_EINVAL || !strstr(msg, "more than 16 deep") || strstr(msg, "length") ||
+         !strstr(msg, "variable \"sh\\x1b[31m\\n\" (id ") || strchr(msg, 0x1b)))
+      fail_msg("a shared float[1] nested 17 deep: %d \"%s\", expected EINVAL naming the "
+               "nesting limit and the variable, escaped", r, msg);
   }
   /* A length that cannot be evaluated (N / 0) or below 1 (N - 8): EINVAL. */
   snprintf(consts, sizeof consts, "%%N = OpSpecConstant %%int 8\n%%W = OpSpecConstant %%uint 1\n");
@@ -3871,6 +4063,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_pad_zero), cmocka_unit_test(t_raw_pad_import),
       cmocka_unit_test(t_raw_bounded),
       cmocka_unit_test(t_raw_oob_private),
+      cmocka_unit_test(t_raw_wrap),
       cmocka_unit_test(t_raw_misaligned),
       cmocka_unit_test(t_raw_caps),
       cmocka_unit_test(t_spv_zero_init),
