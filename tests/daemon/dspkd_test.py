@@ -660,7 +660,7 @@ def t_garbage(exe, tmp):
         check(got == want, "%r: %r, want %r" % (msg, got, want))
     inl = {"dtype": "f32", "shape": [2, 2], "data": b"\0" * 16}
     for method, args, want in (
-            ("ping", {"data": 5}, "data: expected bin, got the integer 5"),
+            ("ping", {"data": 5}, "data: expected binary data or a string, got the integer 5"),
             ("buffer.create", {"size": "x"}, "size: expected a byte count, got a string of 1 byte"),
             ("task.run", {"op": "gemm", "inputs": 3}, "got the integer 3"),
             ("task.run", {"op": "gemm", "inputs": [inl, inl], "options": []},
