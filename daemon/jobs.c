@@ -706,8 +706,7 @@ int dspkd_m_job_register(struct req *r) {
       return fail(r, DSPK_EINVAL, "devices[%u]: the string holds a NUL byte", i);
     char why[64];
     if (dspk__uuid_parse(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs], why, sizeof why))
-      return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID (hex digits and "
-                  "dashes, after an optional GPU- prefix): %s", i, why);
+      return fail(r, DSPK_EINVAL, "devices[%u]: expected " DSPK__EXPECT_UUID ": %s", i, why);
     /* The same GPU named twice (two spellings): once. */
     bool dup = false;
     for (int k = 0; k < tmp.ndevs && !dup; k++)

@@ -31,7 +31,7 @@
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
-#define TRACE_MAX_S 600.0  /* longest trace */
+#define TRACE_MAX_S 600.0  /* longest trace (DSPK__EXPECT_TRACE_SECONDS says it) */
 /* Traces recording at once (docs/protocol.md, trace): admins have slots of
  * their own, so that no user's traces keep an admin from tracing; everyone
  * else shares the other slots, at most TRACE_MAX_PER_USER per uid, so that
@@ -264,8 +264,8 @@ int dspkd_m_trace(struct req *r) {
      * "-0.0", "700.0", "600.0000000000001", "nan"). */
     char got[40];
     dspk__obj_num_str(r->v[DSPK__TRACE_SECONDS].src, got, sizeof got);
-    snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g], got %s",
-             TRACE_MAX_S, got);
+    snprintf(r->msg, sizeof r->msg, "seconds: expected " DSPK__EXPECT_TRACE_SECONDS ", got %s",
+             got);
     return DSPK_EINVAL;
   }
   if (d->stopping) {

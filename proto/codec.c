@@ -164,7 +164,7 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
       const msgpack_object *a = &params->via.array.ptr[0];
       if (a->type != MSGPACK_OBJECT_MAP && a->type != MSGPACK_OBJECT_NIL)
         return dspk__fail(msg, msglen, DSPK_EPROTO,
-                    "params must be an array of at most one map: its item is %s",
+                    "params[0]: expected a map or nil, got %s",
                     dspk__obj_what(a, w, sizeof w));
       m.args = a->type == MSGPACK_OBJECT_MAP ? a : NULL;
     }
@@ -463,10 +463,12 @@ int dspk__tensor_decode(const msgpack_object *o,
   } else {
     v = dspk__map_get(o, "data");
     if (dspk__obj_bin(v, &t.data, &slen) != 0)
+      /* Worded as its neighbours (dtype, shape, buffer, offset): probe 22
+       * A2, it said "tensor needs data (bin) or a buffer reference: data
+       * is true". */
       return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor needs data (bin) or a buffer reference%s%s",
-                  v && v->type != MSGPACK_OBJECT_NIL ? ": data is " : "",
-                  v && v->type != MSGPACK_OBJECT_NIL ? dspk__obj_what(v, w, sizeof w) : "");
+                  "tensor data: expected " DSPK__EXPECT_BIN ", got %s",
+                  dspk__obj_what(v, w, sizeof w));
     if (slen != t.nbytes)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor data has %zu byte%s, its %s shape needs %zu",

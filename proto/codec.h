@@ -31,6 +31,13 @@
 #define DSPK__EXPECT_BYTES "a byte count"   /* every size, kernel's shared */
 #define DSPK__EXPECT_OFFSET "a byte offset" /* every offset, a tensor's too */
 #define DSPK__EXPECT_BUFFER "a buffer id"   /* every buffer, a tensor's too */
+/* Every bin parameter (ping's and buffer.write's data, kernel's source, an
+ * inline tensor's data): a str is taken as its bytes, so the message says
+ * so (probe 22 A2: "expected bin" for two, "str or bin" for the third). */
+#define DSPK__EXPECT_BIN "binary data or a string"
+/* trace's seconds, of the wrong type or out of its range (daemon/trace.c's
+ * TRACE_MAX_S is the 600): one wording for both. */
+#define DSPK__EXPECT_TRACE_SECONDS "a number in (0, 600]"
 
 enum dspk__msgtype { DSPK__REQUEST = 0, DSPK__RESPONSE = 1, DSPK__NOTIFY = 2 };
 

@@ -121,7 +121,7 @@ static const struct dspk__param map_o[] = {
 static const struct dspk__param kernel_o[] = {
     [DSPK__KERNEL_LANG] = {"lang", DSPK__T_ENUM, REQ, .choices = dspk__kernel_langs,
                            .noun = "language"},
-    [DSPK__KERNEL_SOURCE] = {"source", DSPK__T_BIN, REQ, .expect = "str or bin"},
+    [DSPK__KERNEL_SOURCE] = {"source", DSPK__T_BIN, REQ},
     [DSPK__KERNEL_ENTRY] = {"entry", DSPK__T_STR, .max = DSPK__ENTRY_MAX - 1,
                             .def = STRDEF("main"), .def_doc = "\"main\"", AT(kernel.entry)},
     [DSPK__KERNEL_GRID] = {"grid", DSPK__T_DIM3, .def = {.v.dim = {1, 1, 1}},

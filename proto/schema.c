@@ -393,7 +393,8 @@ static const struct dspk__param cclear_r[] = {
 };
 
 static const struct dspk__param trace_p[] = {
-    [DSPK__TRACE_SECONDS] = {"seconds", DSPK__T_NUM, REQ, .values_doc = "(0, 600]"},
+    [DSPK__TRACE_SECONDS] = {"seconds", DSPK__T_NUM, REQ, .values_doc = "(0, 600]",
+                             .expect = DSPK__EXPECT_TRACE_SECONDS},
 };
 static const struct dspk__param trace_r[] = {
     [DSPK__R_TRACE_START_US] = RES("start_us", DSPK__T_UINT),
@@ -407,7 +408,7 @@ static const struct dspk__param trace_r[] = {
 #define JOB_P {"job", DSPK__T_UINT, REQ, .min = 1, .max = UINT64_MAX,                \
                .expect = "the Slurm job id (a positive integer)"}
 static const struct dspk__param uuid_item = {"", DSPK__T_STR, REQ, .max = UINT64_MAX,
-                                             .expect = "a device UUID, a str"};
+                                             .expect = DSPK__EXPECT_UUID};
 static const struct dspk__param jreg_p[] = {
     [DSPK__JREG_JOB] = JOB_P,
     [DSPK__JREG_UID] = {"uid", DSPK__T_UINT, REQ, .max = UINT32_MAX - 1,
@@ -497,25 +498,37 @@ static void choices_text(const char *const *list, char *buf, size_t size) {
 static const char *expect_text(const struct dspk__param *p, char *buf, size_t size) {
   if (p->expect)
     return p->expect;
+  /* One wording for each kind, the same in "expected W, got G" and in
+   * "required (W)" (docs/protocol.md, "Parameters of each method"; probe
+   * 22 A2: an enum's required said the bare list, an enum list's type
+   * error the list quoted, its items' "a string (list)"). */
   switch (p->type) {
   case DSPK__T_BOOL: return "a boolean";
   case DSPK__T_UINT: return "a non-negative integer";
   case DSPK__T_INT: return "an integer";
   case DSPK__T_NUM: return "a number";
   case DSPK__T_STR: return "a string";
-  case DSPK__T_BIN: return "bin";
+  case DSPK__T_BIN: return DSPK__EXPECT_BIN;
   case DSPK__T_DIM3: return "an array of 1 to 3 integers";
   case DSPK__T_MAP: return "a map";
   case DSPK__T_ENUMS: {
-    size_t used = (size_t)snprintf(buf, size, "an array of");
-    for (int i = 0; p->choices[i] && used < size; i++)
-      used += (size_t)snprintf(buf + used, size - used, "%s \"%s\"", i ? "," : "",
-                               p->choices[i]);
+    size_t used = (size_t)snprintf(buf, size, "an array of strings (");
+    if (used < size)
+      choices_text(p->choices, buf + used, size - used);
+    used = strlen(buf);
+    if (used + 1 < size)
+      memcpy(buf + used, ")", 2);
     return buf;
   }
-  case DSPK__T_ENUM:
-    choices_text(p->choices, buf, size);
+  case DSPK__T_ENUM: {
+    size_t used = (size_t)snprintf(buf, size, "a string (");
+    if (used < size)
+      choices_text(p->choices, buf + used, size - used);
+    used = strlen(buf);
+    if (used + 1 < size)
+      memcpy(buf + used, ")", 2);
     return buf;
+  }
   default: return "an array";
   }
 }

@@ -24,6 +24,12 @@ int dspk__parse_size(const char *s, uint64_t *out);
  * digits (job.register's devices[]). */
 #define DSPK__UUID_LEN 40
 
+/* What a job.register devices[] item that is not a UUID is told it should
+ * be, whether it is no string or a string that breaks the rule below
+ * ("devices[0]: expected <this>, got true" and "...: byte 1 is not a hex
+ * digit or a dash"; probe 22 A2: the first said "a device UUID, a str"). */
+#define DSPK__EXPECT_UUID "a device UUID (hex digits and dashes, after an optional GPU- prefix)"
+
 /*
  * A device UUID as job.register takes it (docs/protocol.md) and
  * dspk-submit's job register --devices checks it before sending: an

@@ -660,7 +660,7 @@ def t_garbage(exe, tmp):
         check(got == want, "%r: %r, want %r" % (msg, got, want))
     inl = {"dtype": "f32", "shape": [2, 2], "data": b"\0" * 16}
     for method, args, want in (
-            ("ping", {"data": 5}, "data: expected bin, got the integer 5"),
+            ("ping", {"data": 5}, "data: expected binary data or a string, got the integer 5"),
             ("buffer.create", {"size": "x"}, "size: expected a byte count, got a string of 1 byte"),
             ("task.run", {"op": "gemm", "inputs": 3}, "got the integer 3"),
             ("task.run", {"op": "gemm", "inputs": [inl, inl], "options": []},
@@ -1380,6 +1380,47 @@ def t_progress(exe, tmp):
                         and n[2][0]["what"] for n in notes), "task.progress: %r" % notes[:3])
     close_enough(array(c.wait(mid)["outputs"][0]), A.astype(np.float64) @ A, "vulkan gemm",
                  np.float32)
+    c.close()
+    d.stop()
+
+
+def t_progressorder(exe, tmp):
+    """task.progress as docs/protocol.md says it comes (probe 22 A2 4): a fir
+    on cpu:0 choosing its path measures its FFT path with that path's plans,
+    so the plans' 0 and 1 come within the path's step, before its 1 (the doc
+    said the path first, then the plans); an fft sends progress for its
+    FFTW plan only: 0 and 1 for a plan of fewer than 2^16 points without
+    wisdom, none for one of 2^16 or more (estimated, measured in the
+    background), none again with wisdom."""
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "progressorder.db")])
+    c = d.client()
+
+    def steps(task):
+        c.notifications.clear()
+        mid = c.send("task.run", task)
+        r = c.wait(mid)
+        notes = [n[2][0] for n in c.notifications if n[1] == "task.progress"]
+        check(all(n["msgid"] == mid for n in notes), "progress of its own task: %r" % notes)
+        return r, [(n["what"], n["fraction"]) for n in notes]
+    rng = np.random.default_rng(22)
+    X = rng.standard_normal(65536).astype(np.float32)
+    H = rng.standard_normal(300).astype(np.float32)
+    r, st = steps({"op": "fir", "device": "cpu:0", "inputs": [tensor(X), tensor(H)]})
+    close_enough(array(r["outputs"][0]), np.convolve(X.astype(np.float64),
+                                                     H.astype(np.float64))[:X.size],
+                 "fir", np.float32)
+    plans = [i for i, s in enumerate(st) if s[0] == "autotune fir: fftw plan"]
+    path = [i for i, s in enumerate(st) if s[0] == "autotune fir"]
+    check(st and st[-1] == ("autotune fir", 1.0) and plans and len(path) + len(plans) == len(st)
+          and [st[i][1] for i in plans] == [0.0, 1.0] * (len(plans) // 2)
+          and plans[-1] < path[-1], "fir: the plans within the path's step: %r" % st)
+    for n, want in ((1024, [("autotune fft: fftw plan", 0.0), ("autotune fft: fftw plan", 1.0)]),
+                    (1024, []), (65536, [])):
+        x = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+        r, st = steps({"op": "fft", "device": "cpu:0", "inputs": [tensor(x)]})
+        close_enough(array(r["outputs"][0]), np.fft.fft(x.astype(np.complex128)), "fft",
+                     np.complex64)
+        check(st == want, "fft of %d points: %r, want %r" % (n, st, want))
     c.close()
     d.stop()
 
@@ -6333,6 +6374,7 @@ GROUPS = {
     "logstall": t_logstall,
     "loglevels": t_loglevels,
     "planstep": t_planstep,
+    "progressorder": t_progressorder,
     "planwait": t_planwait,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,

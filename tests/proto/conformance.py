@@ -1082,6 +1082,193 @@ def uint_words(env):
     still_open(c)
 
 
+# docs/protocol.md, "Parameters of each method": the wording of each other kind.
+KIND_WORDS = {"bool": "a boolean", "number": "a number", "str": "a string",
+              "bin": "binary data or a string", "dim3": "an array of 1 to 3 integers",
+              "enum": lambda vs: "a string (%s)" % ", ".join(vs),
+              "enum_list": lambda vs: "an array of strings (%s)" % ", ".join(vs)}
+# the parameters the page names a wording of their own
+KIND_WORDS_OWN = {("trace", "seconds"): "a number in (0, 600]",
+                  ("task.run", "options.subscripts"): 'a string, e.g. "ik,kj->ij"'}
+UUID_WORDS = "a device UUID (hex digits and dashes, after an optional GPU- prefix)"
+
+
+@case("Parameters of each method: every bool, number, str, bin, enum, enum_list and dim3 "
+      "parameter's error in the wording of its kind; their items', a tensor's data, params[0]")
+def kind_words(env):
+    # probe 22 A2: data said "expected bin" (ping, buffer.write) where
+    # kernel's source said "str or bin", both take a str; an enum's
+    # required said its bare list; cache.clear's kinds quoted its list;
+    # trace's seconds said "a number" of a wrong type, "a number in (0,
+    # 600]" out of range; job.register's devices[i] "a device UUID, a str";
+    # a tensor's data "tensor needs data (bin) or a buffer reference: data
+    # is true"; params [5] "its item is the integer 5".
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    t = t32([1.0])
+    m11 = t32([1.0], [1, 1])
+    c64 = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", 1.0, 0.0)}
+
+    def run(op, inputs, **opts):
+        return lambda v: {"op": op, "device": "cpu:0", "inputs": inputs,
+                          "options": {k: (v if x is None else x) for k, x in opts.items()}}
+
+    def kernel(**kw):
+        base = {"lang": "glsl", "source": "x"}
+        return lambda v: {"op": "kernel", "device": "cpu:0", "inputs": [t],
+                          "options": dict(base, **{k: v for k in kw})}
+    # (method, path as protocol.json names it, the params with the value v,
+    # the name the message gives it)
+    rows = [
+        ("hello", "client", lambda v: {"client": v}, "client"),
+        ("ping", "data", lambda v: {"data": v}, "data"),
+        ("devices", "all", lambda v: {"all": v}, "all"),
+        ("buffer.create", "device", lambda v: {"device": v, "size": 8}, "device"),
+        ("buffer.write", "data", lambda v: {"buffer": b, "data": v}, "data"),
+        ("buffer.import", "device", lambda v: {"device": v, "size": 4096}, "device"),
+        ("buffer.share", "device", lambda v: {"device": v, "size": 4096}, "device"),
+        ("task.run", "op", lambda v: {"op": v, "device": "cpu:0", "inputs": [t]}, "op"),
+        ("task.run", "device", lambda v: {"op": "map", "device": v, "inputs": [t],
+                                          "options": {"fn": "abs"}}, "device"),
+        ("cache.clear", "kinds", lambda v: {"kinds": v}, "kinds"),
+        ("trace", "seconds", lambda v: {"seconds": v}, "seconds"),
+        ("task.run", "options.trans_a", run("gemm", [m11, m11], trans_a=None), "options.trans_a"),
+        ("task.run", "options.trans_b", run("gemm", [m11, m11], trans_b=None), "options.trans_b"),
+        ("task.run", "options.alpha", run("gemm", [m11, m11], alpha=None), "options.alpha"),
+        ("task.run", "options.beta", run("gemm", [m11, m11], beta=None), "options.beta"),
+        ("task.run", "options.inverse", run("fft", [c64], inverse=None), "options.inverse"),
+        ("task.run", "options.subscripts", run("contract", [m11, m11], subscripts=None),
+         "options.subscripts"),
+        ("task.run", "options.fn", run("reduce", [t], fn=None), "options.fn"),
+        ("task.run", "options.fn", run("map", [t], fn=None), "options.fn"),
+        ("task.run", "options.alpha", run("map", [t], fn="scale", alpha=None), "options.alpha"),
+        ("task.run", "options.lang", kernel(lang=1), "options.lang"),
+        ("task.run", "options.source", kernel(source=1), "options.source"),
+        ("task.run", "options.entry", kernel(entry=1), "options.entry"),
+        ("task.run", "options.grid", kernel(grid=1), "options.grid"),
+        ("task.run", "options.block", kernel(block=1), "options.block"),
+    ]
+    with open(PROTOCOL_JSON) as f:
+        js = json.load(f)
+    kinds = {}  # (method, path) -> (type, required, values)
+
+    def walk(method, params, pre):
+        for q in params:
+            path = pre + q["name"]
+            if q["type"] in KIND_WORDS:
+                kinds.setdefault((method, path), (q["type"], q["required"], q.get("choices")))
+            for sub in (q.get("fields"), (q.get("item") or {}).get("fields")):
+                if sub:
+                    walk(method, sub, path + ("[]." if q["type"] == "array" else "."))
+    for m in js["methods"]:
+        walk(m["name"], m["params"], "")
+    for op in js["ops"]:
+        walk("task.run:" + op["name"], op["options"], "options.")
+    ops = {}
+    for (method, path), k in list(kinds.items()):
+        if method.startswith("task.run:"):
+            ops.setdefault(path, []).append((method[9:], k))
+            del kinds[(method, path)]
+    missing = set(kinds) - {(r[0], r[1]) for r in rows}
+    missing |= {("task.run", path) for path in ops} - {(r[0], r[1]) for r in rows}
+    check(not missing, "parameters without a row here: %r" % sorted(missing))
+
+    def words_of(method, path, params):
+        """(the wording, the type, whether required) of a row."""
+        if (method, path) in kinds:
+            typ, req, values = kinds[(method, path)]
+        else:
+            typ, req, values = dict(ops[path])[params(0)["op"]]
+        w = KIND_WORDS_OWN.get((method, path), KIND_WORDS[typ])
+        return (w(values) if callable(w) else w), typ, req
+
+    for method, path, params, name in rows:
+        words, typ, req = words_of(method, path, params)
+        wrong = [({"a": 1}, "a map of 1 entry")]
+        if typ != "bool":
+            wrong += [(True, "true")]
+        if typ != "number":
+            wrong += [(5, "the integer 5"), (1.0, "the float 1.0")]
+        if typ in ("bool", "number", "dim3", "enum_list"):
+            wrong += [("x", "a string of 1 byte")]
+        if typ == "str" or typ == "enum":
+            wrong += [(b"x", "binary data of 1 byte")]
+        for v, what in wrong:
+            fds = [memfd(4096)] if method == "buffer.import" else None
+            e = expect(c.call(method, params(v), fds=fds), "EINVAL")
+            want = "%s: expected %s, got %s" % (name, words, what)
+            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+            for fd in fds or ():
+                os.close(fd)
+        if method == "cache.clear":
+            continue  # left out it clears the cache
+        a = params(None)
+        for k in [k for k, x in list(a.items()) if x is None]:
+            del a[k]
+        if isinstance(a.get("options"), dict):
+            a["options"] = {k: x for k, x in a["options"].items() if x is not None}
+        fds = [memfd(4096)] if method == "buffer.import" else None
+        got = c.call(method, a, fds=fds)
+        for fd in fds or ():
+            os.close(fd)
+        if req:
+            e = expect(got, "EINVAL")
+            want = "%s: required (%s)" % (name, words)
+            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+        else:
+            check(got[0] != "EINVAL" or not got[1]["message"].startswith(name + ":"),
+                  "%s %s left out: %r" % (method, path, got))
+
+    # the items of an enum_list and of a dim3, job.register's devices[i]
+    kv = kinds[("cache.clear", "kinds")][2]
+    for v, what in ((5, "the integer 5"), (None, "nil")):
+        e = expect(c.call("cache.clear", {"kinds": ["blobs", v]}), "EINVAL")
+        want = "kinds[1]: expected %s, got %s" % (KIND_WORDS["enum"](kv), what)
+        check(e["message"] == want, "kinds[1]: %r, want %r" % (e["message"], want))
+    for v, what in ((0, "the integer 0"), (1 << 32, "the integer 4294967296"),
+                    ("1", "a string of 1 byte"), (1.0, "the float 1.0")):
+        e = expect(c.call("task.run", kernel(grid=1)([1, v])), "EINVAL")
+        want = "options.grid[1]: expected a positive uint32, got %s" % what
+        check(e["message"] == want, "grid[1]: %r, want %r" % (e["message"], want))
+    for v, what in ((True, "true"), (5, "the integer 5"), (b"ab", "binary data of 2 bytes")):
+        e = expect(c.call("job.register", {"job": 1, "uid": 0, "devices": ["ab", v]}), "EINVAL")
+        want = "devices[1]: expected %s, got %s" % (UUID_WORDS, what)
+        check(e["message"] == want, "devices[1]: %r, want %r" % (e["message"], want))
+    for v, why in (("abz", "byte 3 is not a hex digit or a dash"),
+                   ("GPU-x", "byte 5 is not a hex digit or a dash"),
+                   ("GPU--", "no hex digits"), ("a" * 40, "more than 39 hex digits")):
+        e = expect(c.call("job.register", {"job": 1, "uid": 0, "devices": [v]}), "EINVAL")
+        want = "devices[0]: expected %s: %s" % (UUID_WORDS, why)
+        check(e["message"] == want, "devices[0] %r: %r, want %r" % (v, e["message"], want))
+
+    # an inline tensor's data, as its neighbours (dtype, shape, buffer, offset)
+    for v, what in ((True, "true"), (-1, "the integer -1"), (1.0, "the float 1.0"),
+                    ([1], "an array of 1 item"), ({"a": 1}, "a map of 1 entry"),
+                    (None, "nil"), ("-", "nothing")):
+        tin = {"dtype": "f32", "shape": [1]}
+        if v != "-":
+            tin["data"] = v
+        e = expect(c.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [t, tin],
+                                       "options": {"fn": "add"}}), "EINVAL")
+        want = "input 1: tensor data: expected binary data or a string, got %s" % what
+        check(e["message"] == want, "tensor data %r: %r, want %r" % (v, e["message"], want))
+    # a str is taken as its bytes: "AAAA" is the f32 0x41414141 (12.078...)
+    got = c.call("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [{"dtype": "f32", "shape": [1], "data": "AAAA"}]})
+    check(got[0] == "ok"
+          and vals32(got[1]["outputs"][0]) == list(struct.unpack("<f", b"AAAA")),
+          "tensor data as a str: %r" % (got,))
+
+    # params [x]: the one item is named as any value of the wrong kind
+    for v, what in ((5, "the integer 5"), ("x", "a string of 1 byte"),
+                    ([], "an array of 0 items"), (True, "true")):
+        m = c.request("ping", params=[v])
+        e = expect(c.wait(m), "EPROTO")
+        want = "params[0]: expected a map or nil, got %s" % what
+        check(e["message"] == want, "params [%r]: %r, want %r" % (v, e["message"], want))
+    still_open(c)
+
+
 @case("buffer.free: ENOBUF afterwards; other connections' buffers are ENOBUF")
 def buffer_free(env):
     c = env.conn()

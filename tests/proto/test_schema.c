@@ -265,7 +265,7 @@ static void test_options(void **state) {
   kv_str(pk, "source", "x");
   assert_int_equal(dspk__params_decode(k->options, k->noptions, pm_end(&m), "options.", v, msg,
                                        sizeof msg), DSPK_EINVAL);
-  assert_string_equal(msg, "options.lang: required (cuda, glsl, spirv, hip)");
+  assert_string_equal(msg, "options.lang: required (a string (cuda, glsl, spirv, hip))");
   pm_free(&m);
 }
 
