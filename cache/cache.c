@@ -1687,6 +1687,13 @@ static void retry_busy(struct dspk__cache *c) {
     c->notice(c->notice_ud, line);
 }
 
+/* What follow_path found, for its notice: nothing at the path (the file
+ * deleted, or moved away with or without its directory: "deleted" alone
+ * sent the admin looking for lost data, probe 22 E2), or another file. */
+#define GONE_WHY(gone) ((gone) ? "is no longer there (deleted or moved away, or its " \
+                                 "directory was)" \
+                               : "was replaced while in use")
+
 /* Called with the mutex held before each put.  When c->path no longer
  * names the file that is open (it was deleted, or another file was renamed
  * over it), everything stored would go into a file nobody will open again:
@@ -1719,8 +1726,7 @@ static void follow_path(struct dspk__cache *c) {
   if (r == 0) {
     remember_file(c);
     set_write_wait(c, db);
-    snprintf(line, sizeof line, "cache file %s was %s while in use; %s",
-             c->path, gone ? "deleted" : "replaced",
+    snprintf(line, sizeof line, "cache file %s %s; %s", c->path, GONE_WHY(gone),
              warn[0] ? warn
              : gone  ? "made a new one at that path"
                      : "now using the cache file at that path");
@@ -1731,14 +1737,12 @@ static void follow_path(struct dspk__cache *c) {
       /* Nothing better: keep writing where it did, and do not ask again. */
       c->have_id = 0;
       snprintf(line, sizeof line,
-               "cache file %s was %s while in use and cannot be opened"
-               " again; what is stored from now on is lost at exit",
-               c->path, gone ? "deleted" : "replaced");
+               "cache file %s %s, and the path cannot be opened again; what is "
+               "stored from now on is lost at exit", c->path, GONE_WHY(gone));
       goto tell;
     }
     atomic_store(&c->in_memory, 1);
-    snprintf(line, sizeof line, "cache file %s was %s while in use; %s",
-             c->path, gone ? "deleted" : "replaced", warn);
+    snprintf(line, sizeof line, "cache file %s %s; %s", c->path, GONE_WHY(gone), warn);
   }
   /* SQLite neither checkpoints into a moved file nor deletes its -wal and
    * -shm by name when closing it (and drop_side_files removed those), so

@@ -1174,12 +1174,14 @@ static int handler(void *user, const char *section, const char *name, const char
 static bool untrusted(const char *path, const struct stat *st, char *err, size_t len) {
   char w[300], dir[PATH_MAX], target[PATH_MAX];
   const char *what = "it is";
+  bool link_bad = false;
   struct stat lst = {0};
   uid_t self = geteuid();
 
   if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
     if (dspk__trust_stat(&lst, self, 1, "dspkd's ", w, sizeof w) != 0) {
       what = "it is a symbolic link";
+      link_bad = true;
       goto bad;
     }
   }
@@ -1192,13 +1194,19 @@ static bool untrusted(const char *path, const struct stat *st, char *err, size_t
     goto bad_dir;
   return false;
 bad:
+  /* The fix for what was found: chown follows a link, so a link's is
+   * removing it (or chown -h); a file's owner or mode is chown or chmod. */
   snprintf(err, len, "%s: refusing the configuration file: %s %s (whoever can change it "
-           "decides who may connect and who is an admin): chown root and chmod go-w it",
-           path, what, w);
+           "decides who may connect and who is an admin): %s", path, what, w,
+           link_bad ? "remove the link (or chown -h it to root)"
+           : st->st_uid != self && st->st_uid != 0 ? "chown root and chmod go-w it"
+                                                  : "chmod go-w it");
   return true;
 bad_dir:
   snprintf(err, len, "%s: refusing the configuration file: its directory %s is %s (whoever "
-           "can change it can replace the file): chown root and chmod go-w it", path, dir, w);
+           "can change it can replace the file): %s the directory %s%s, or move the file",
+           path, dir, w, strstr(w, "owned by") == w ? "chown root and chmod go-w" : "chmod go-w",
+           dir, strstr(w, "owned by") == w ? "" : " (or chmod +t it)");
   return true;
 }
 

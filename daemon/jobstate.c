@@ -22,7 +22,9 @@
  * group or others, unreadable, or not exactly the format above is taken as
  * lost state: nothing of it is used, the daemon logs why, and fails closed
  * (jobs_fail_closed: a connection without a registered job gets the cpu
- * only, as with job_required, until the daemon stops).
+ * only, as with job_required, until the daemon stops).  A directory that
+ * other users can change (dir_trusted) refuses the start, --end-job, a
+ * reload naming it, and each write.
  *
  * A running daemon holds an exclusive flock(2) on PATH.lock from before it
  * reads the file until it exits, and checks before each rewrite that the
@@ -118,6 +120,28 @@ static int check_dir(const char *path, char *why, size_t len) {
     return -1;
   }
   return 0;
+}
+
+/* Whether the directory that holds the state file path is safe from every
+ * user but owner and root (dspk__trust_stat, the rule of every file dspkd
+ * trusts: owned by one of them, not writable by group or others unless
+ * sticky).  Another user who can rename entries there could move the file
+ * aside and put it back after a job.end, and the next start registered the
+ * ended job again; or swap the lock file and the temporary file (probe 22
+ * E2).  A directory that cannot be looked at passes here (check_dir, or
+ * the open that follows, says why).  0, or -1 with why. */
+static int dir_trusted(const char *path, uid_t owner, char *why, size_t len) {
+  char dir[sizeof((struct dspkd *)0)->job_state], w[200];
+  struct stat st;
+
+  dir_of(path, dir, sizeof dir);
+  if (stat(dir, &st) != 0 || dspk__trust_stat(&st, owner, 1, "dspkd's ", w, sizeof w) == 0)
+    return 0;
+  snprintf(why, len, "its directory %s is %s, so an older state file could be put back "
+           "and ended jobs registered again: chown the directory to root or dspkd's user "
+           "and chmod go-w it (or +t), or set job_state to a path in such a directory", dir,
+           w);
+  return -1;
 }
 
 /* Whether the regular file at path has other names (hard links): a lock
@@ -315,6 +339,10 @@ int dspkd_jobstate_start(struct dspkd *d) {
     dspkd_error("Slurm jobs: the state file %s cannot be written: %s", d->job_state, why);
     return -1;
   }
+  if (dir_trusted(d->job_state, geteuid(), why, sizeof why) != 0) {
+    dspkd_error("Slurm jobs: refusing the state file %s: %s; not starting", d->job_state, why);
+    return -1;
+  }
   /* A dspkd --end-job holds the lock for one rewrite of the file: waited
    * for, up to 2 s; another daemon holds it for good. */
   for (int i = 0; (fd = lock_take(d->job_state, geteuid(), getegid(), true, why,
@@ -364,6 +392,10 @@ int dspkd_jobstate_reload_check(const struct dspkd *d, const char *path, bool di
     return 0;
   if (dir && check_dir(path, reason, sizeof reason) != 0) {
     snprintf(why, len, "the state file %s cannot be written: %s", path, reason);
+    return -1;
+  }
+  if (dir_trusted(path, geteuid(), reason, sizeof reason) != 0) {
+    snprintf(why, len, "the next start refuses the state file %s: %s", path, reason);
     return -1;
   }
   /* The lock as the start takes it, let go at once; not made when absent
@@ -620,6 +652,14 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
   }
   if (lock_moved(d, msg, len))
     return DSPK_EIO;
+  /* Each time: a directory made unsafe after the start (chmod 0777, a
+   * chown) would let another user undo this write. */
+  if (dir_trusted(d->job_state, keep ? keep->st_uid : geteuid(), msg, len) != 0) {
+    char why[sizeof d->job_state + 400];
+    snprintf(why, sizeof why, "%s", msg);
+    snprintf(msg, len, "cannot write the Slurm jobs' state file %s: %s", d->job_state, why);
+    return DSPK_EIO;
+  }
   r = state_text(d, &text, &n);
   if (r == 0)
     r = replace_file(d->job_state, text, n, keep, &step);
@@ -1235,7 +1275,8 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   struct stat st;
   uid_t owner = geteuid();
   gid_t group = getegid();
-  char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
+  char why[sizeof d->job_state + 400] = "", lock[sizeof d->job_state + 8];
+  char dir[sizeof d->job_state];
   char note[sizeof d->job_state + 32];
   unsigned long links;
   bool exists;
@@ -1273,6 +1314,13 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
                       S_ISREG(st.st_mode)))) {
     owner = st.st_uid;
     group = st.st_gid;
+  }
+  /* Before the lock is taken or made: in a directory another user can
+   * change, the file and its lock are not what they seem. */
+  if (dir_trusted(d->job_state, owner, why, sizeof why) != 0) {
+    dspkd_error("--end-job %" PRIu64 ": refusing the state file %s: %s; the job is not "
+                "ended (a dspkd started on it refuses it too)", id, d->job_state, why);
+    return 1;
   }
   /* The lock is created only for a regular file: a running dspkd (exit 3)
    * is told from one that is not there before the file is refused. */

@@ -39,6 +39,41 @@
 #include "cache/cache.h"
 #include "proto/sockpath.h"
 
+/* Whether the default socket's directory dir, when it is there, is safe
+ * from other users by the rule of every file dspkd trusts
+ * (dspk__trust_stat): a symbolic link there owned by root or dspkd's user
+ * only, the directory owned by one of them and not writable by group or
+ * others without the sticky bit.  Another user's directory (or link) let
+ * that user rename the live socket away and listen in its place, and hold
+ * the state file beside it (probe 22 E2).  0, or -1 (logged: the path, why
+ * and the fix). */
+static int untrusted_dir(const char *dir) {
+  char w[256];
+  struct stat st;
+  uid_t self = geteuid();
+
+  if (lstat(dir, &st) != 0)
+    return 0; /* missing: the bind or --end-job says so */
+  if (S_ISLNK(st.st_mode) && dspk__trust_stat(&st, self, 1, "dspkd's ", w, sizeof w) != 0) {
+    dspkd_error("refusing the socket directory %s: it is a symbolic link %s (another user "
+                "chooses where the socket and the state file go): remove the link (dspkd "
+                "makes the directory), or give the socket with --socket PATH", dir, w);
+    return -1;
+  }
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return 0; /* listening says what is wrong (socket_dir_error) */
+  if (dspk__trust_stat(&st, self, 1, "dspkd's ", w, sizeof w) != 0) {
+    dspkd_error("refusing the socket directory %s: it is %s (another user could replace "
+                "the socket and the state file in it): %s, or give the socket with "
+                "--socket PATH", dir, w,
+                st.st_uid != self && st.st_uid != 0
+                    ? "remove it (dspkd makes it again) or chown it to dspkd's user"
+                    : "chmod go-w it");
+    return -1;
+  }
+  return 0;
+}
+
 /* Fills cfg->socket_path, unless the option or the file set it, from
  * $DSPK_SOCKET or the default, and creates the default's directory when
  * create is set; end_job: for dspkd --end-job, whose refusal names
@@ -98,6 +133,8 @@ static int socket_path(struct dspkd_config *cfg, bool create, bool end_job) {
     dspkd_error("cannot create %s: %s", dir, strerror(errno));
     return -1;
   }
+  if (untrusted_dir(dir) != 0)
+    return -1;
   n = snprintf(cfg->socket_path, sizeof cfg->socket_path, "%s/dspkd.sock", dir);
   if (n < 0 || (size_t)n >= sizeof cfg->socket_path) {
     dspkd_error("socket path too long: %s/dspkd.sock", dir);

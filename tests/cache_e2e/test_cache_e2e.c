@@ -803,7 +803,8 @@ static void test_file_deleted(void **state) {
   assert_false(in_memory);
   assert_true(entries >= 1);
   if (count_of(daemon_log(&d), "warn: cache:") != 1 ||
-      !strstr(daemon_log(&d), "was deleted while in use; made a new one at that path"))
+      !strstr(daemon_log(&d), "is no longer there (deleted or moved away, or its directory "
+                             "was); made a new one at that path"))
     fail_msg("want one warning about the deleted file:\n%s", daemon_log(&d));
 
   daemon_start(&d, "d.sock", "deleted.db");

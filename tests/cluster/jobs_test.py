@@ -397,6 +397,7 @@ def run(exe, submit, epilog, tmp, case=None):
             lock_guard(exe, os.path.join(tmp, "lock"))
             reload_guard(exe, os.path.join(tmp, "reload"))
             tmp_guard(exe, os.path.join(tmp, "tmpguard"))
+            dir_guard(exe, os.path.join(tmp, "dirguard"))
             return 0
         cli(d, submit, gpu, cpu)
 
@@ -725,6 +726,7 @@ def run(exe, submit, epilog, tmp, case=None):
     lock_guard(exe, os.path.join(tmp, "lock"))
     usable_matrix(exe, os.path.join(tmp, "usable"), gpu, cpu)
     reload_guard(exe, os.path.join(tmp, "reload"))
+    dir_guard(exe, os.path.join(tmp, "dirguard"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
     cgroup_case(exe, os.path.join(tmp, "cgroup"), gpu, cpu)
     return 0
@@ -2288,6 +2290,92 @@ def tmp_guard(exe, tmp):
         admin.call("job.register", {"job": 51, "uid": 0, "devices": []})
         check(sorted(job_ids(admin)) == [50, 51], "written once PATH.tmp is gone")
     daemon_check(Daemon(exe, tmp, ["--job-state", state]), guarded)
+
+
+def dir_guard(exe, tmp):
+    """The state file's directory follows the rule of every file dspkd trusts
+    (docs/security.md): owned by root or dspkd's user, not writable by group or others
+    unless sticky. Another user who owns it could move the file aside, wait for job.end
+    and move it back, and the next start registered the ended job again (probe 22 E2): such
+    a directory refuses the start (exit 2, one line naming it, its owner or mode and the
+    fix) and --end-job (exit 1), nothing made there; a sticky one is used; a directory
+    made unsafe under a running daemon fails job.register with EIO, the file unchanged."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o755)
+    other = os.path.join(tmp, "other.sock")
+
+    def start(*args):
+        return subprocess.run(dspk_daemon.cmdline(exe, other, ["--config", ""] + list(args)),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    def end_job(*args):
+        return subprocess.run([exe, "--config", "", "--socket", other] + list(args),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    for name, mode, owner, why in (
+            ("theirs", 0o755, NOBODY, "is owned by uid %d, not by dspkd's uid 0"
+             % NOBODY),
+            ("open", 0o777, 0, "is a directory writable by group or others without the "
+             "sticky bit (mode 0777"),
+            ("group", 0o775, 0, "is a directory writable by group or others without the "
+             "sticky bit (mode 0775")):
+        sub = os.path.join(tmp, name)
+        os.mkdir(sub)
+        os.chown(sub, owner, owner)
+        os.chmod(sub, mode)
+        state = os.path.join(sub, "j")
+        want = "refusing the state file %s: its directory %s %s" % (state, sub, why)
+        p = start("--job-state", state)
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and want in p.stderr and
+              "chmod go-w" in p.stderr and not os.path.exists(other),
+              "start, directory %s: %r" % (name, p))
+        p = end_job("--job-state", state, "--end-job", "5")
+        check(p.returncode == 1 and want in p.stderr and p.stdout == "",
+              "--end-job, directory %s: %r" % (name, p))
+        check(os.listdir(sub) == [], "nothing made in %s: %r" % (name, os.listdir(sub)))
+        # A state file already there (another user put back an old one) is refused alike.
+        with open(state, "w") as f:
+            f.write("dspkd-jobs 1\njob 8 %d\nend 1\n" % NOBODY)
+        os.chmod(state, 0o600)
+        p = end_job("--job-state", state, "--end-job", "8")
+        check(p.returncode == 1 and want in p.stderr and
+              open(state).read() == "dspkd-jobs 1\njob 8 %d\nend 1\n" % NOBODY and
+              sorted(os.listdir(sub)) == ["j"], "--end-job, a file in %s: %r" % (name, p))
+    sticky = os.path.join(tmp, "sticky")
+    os.mkdir(sticky)
+    os.chmod(sticky, 0o1777)
+    open(os.path.join(sticky, "j"), "w").close()
+    os.chmod(os.path.join(sticky, "j"), 0o600)
+    p = end_job("--job-state", os.path.join(sticky, "j"), "--end-job", "5")
+    check(p.returncode == 0 and "recorded there as ended" in p.stdout,
+          "--end-job, a sticky directory: %r" % (p,))
+    own = os.path.join(tmp, "own")
+    os.mkdir(own)
+    os.chmod(own, 0o755)
+    state = os.path.join(own, "j")
+
+    def unsafe_later(d):
+        admin = d.client()
+        admin.call("job.register", {"job": 60, "uid": 0, "devices": []})
+        before = open(state).read()
+        for mode in (0o777, 0o757):
+            os.chmod(own, mode)
+            e = err_of(admin, "job.register", {"job": 61, "uid": 0, "devices": []})
+            check(e[0] == "EIO" and ("cannot write the Slurm jobs' state file %s: its "
+                                     "directory %s is a directory writable by group or "
+                                     "others" % (state, own)) in e[1] and
+                  open(state).read() == before and not os.path.exists(state + ".tmp"),
+                  "job.register, the directory made %04o: %r" % (mode, e))
+        os.chown(own, NOBODY, NOBODY)
+        os.chmod(own, 0o755)
+        e = err_of(admin, "job.end", {"job": 60})
+        check(e[0] == "EIO" and "is owned by uid %d" % NOBODY in e[1] and
+              open(state).read() == before, "job.end, the directory given away: %r" % (e,))
+        os.chown(own, 0, 0)
+        admin.call("job.register", {"job": 61, "uid": 0, "devices": []})
+        check(sorted(job_ids(admin)) == [60, 61] and " 61 " in open(state).read(),
+              "written once the directory is safe again")
+    daemon_check(Daemon(exe, own, ["--job-state", state]), unsafe_later)
 
 
 def collide(exe, tmp):

@@ -1291,6 +1291,53 @@ def t_socket(exe, tmp):
             raise AssertionError("dspkd listened with an empty XDG_RUNTIME_DIR")
         check(p.returncode == rc and p.stderr.endswith(want),
               "empty XDG_RUNTIME_DIR %r: %d %r" % (extra, p.returncode, p.stderr))
+    # The default socket's directory ($XDG_RUNTIME_DIR/dspk) already there as another
+    # user's directory of mode 0777, or as another user's link to one: refused, exit 1,
+    # one line naming it, why and the fix, nothing made in it (probe 22 E2: the socket and
+    # the state file went there).
+    if os.geteuid() == 0:
+        xdg = os.path.join(tmp, "xdgdir")
+        os.mkdir(xdg)
+        os.chown(xdg, 65534, 65534)
+        env["XDG_RUNTIME_DIR"] = xdg
+        theirs = os.path.join(tmp, "theirs")
+        os.mkdir(theirs)
+        os.chown(theirs, 1, 1)
+        os.chmod(theirs, 0o777)
+        for kind, want in (("dir", b"refusing the socket directory %s/dspk: it is owned by "
+                                   b"uid 1, not by root or dspkd's uid 65534" % xdg.encode()),
+                           ("link", b"refusing the socket directory %s/dspk: it is a symbolic "
+                                    b"link owned by uid 1, not by root or dspkd's uid 65534 "
+                                    b"(another user chooses where the socket and the state "
+                                    b"file go): remove the link" % xdg.encode()),
+                           ("mode", b"refusing the socket directory %s/dspk: it is a "
+                                    b"directory writable by group or others without the "
+                                    b"sticky bit (mode 0777" % xdg.encode())):
+            dd = os.path.join(xdg, "dspk")
+            if kind == "dir":
+                os.mkdir(dd)
+                os.chown(dd, 1, 1)
+                os.chmod(dd, 0o777)
+            elif kind == "link":
+                os.symlink(theirs, dd)
+                os.lchown(dd, 1, 1)
+            else:
+                os.mkdir(dd)
+                os.chown(dd, 65534, 65534)
+                os.chmod(dd, 0o777)
+            try:
+                p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                                    "--no-cache"], stderr=subprocess.PIPE, env=env,
+                                   preexec_fn=as_user, timeout=15)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("dspkd listened in another user's directory: %s" % kind)
+            check(p.returncode == 1 and len(p.stderr.splitlines()) == 1 and want in p.stderr
+                  and os.listdir(dd) == [], "socket directory, %s: %d %r %r"
+                  % (kind, p.returncode, p.stderr, os.listdir(dd)))
+            if kind == "link":
+                os.unlink(dd)
+            else:
+                os.rmdir(dd)
     # A regular file in the way is not removed.
     f = os.path.join(tmp, "file.sock")
     open(f, "w").close()

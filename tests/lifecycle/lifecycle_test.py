@@ -1940,19 +1940,25 @@ def t_config(exe, tmp):
     admin = "[policy]\nadmin_users = nobody\n"
     start_fail(admin, "%(f)s: refusing the configuration file: it is writable by group or "
                "others (mode 0666) (whoever can change it decides who may connect and who is "
-               "an admin): chown root and chmod go-w it", name="w.conf", mode=0o666)
+               "an admin): chmod go-w it", name="w.conf", mode=0o666)
     start_fail(admin, "%(f)s: refusing the configuration file: it is writable by group or "
                "others (mode 0620)", name="g.conf", mode=0o620)
     sub = os.path.join(tmp, "open")
     os.mkdir(sub)
     os.chmod(sub, 0o777)
+    # The fix names what to change: the directory, not the file (probe 22 E2).
     start_fail(admin, "%%(f)s: refusing the configuration file: its directory %s is a "
                "directory writable by group or others without the sticky bit (mode 0777"
                % sub, name="open/c.conf", mode=0o644)
+    start_fail(admin, "(whoever can change it can replace the file): chmod go-w the "
+               "directory %s (or chmod +t it), or move the file" % sub, name="open/c.conf",
+               mode=0o644)
     if os.getuid() == 0:
         nobody = 65534
         start_fail(admin, "%(f)s: refusing the configuration file: it is owned by uid 65534, "
-                   "not by dspkd's uid 0", name="n.conf", mode=0o644, owner=nobody)
+                   "not by dspkd's uid 0 (whoever can change it decides who may connect "
+                   "and who is an admin): chown root and chmod go-w it", name="n.conf",
+                   mode=0o644, owner=nobody)
         # Another user's link to a root file that is safe itself.
         good = os.path.join(tmp, "good.conf")
         write(good, "[daemon]\nlog_level = info\n")
@@ -1964,7 +1970,11 @@ def t_config(exe, tmp):
                             "--socket", os.path.join(tmp, "never.sock")],
                            stderr=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and "%s: refusing the configuration file: it is a symbolic "
-              "link owned by uid 65534, not by dspkd's uid 0" % ln in p.stderr.decode(),
+              "link owned by uid 65534, not by dspkd's uid 0" % ln in p.stderr.decode() and
+              # chown would follow the link (probe 22 E2): the fix is the link's.
+              p.stderr.decode().rstrip().endswith(": remove the link (or chown -h it to "
+                                                  "root)") and
+              "chmod" not in p.stderr.decode(),
               "another user's link: %d %s" % (p.returncode, p.stderr.decode()))
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
     # A key above the first header is in no section: the message says so
