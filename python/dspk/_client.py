@@ -255,12 +255,16 @@ class _Uncopyable:
     _copy_what = "an object of one dspk connection"
 
 
-class _Mapping(_Uncopyable):
-    """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor.
-    ``numpy.asarray(mapping)`` is a uint8 array of its bytes whose base is the mapping,
-    so every view keeps it alive; it is unmapped when the last of them is collected
-    (not at interpreter exit, when something might still read it).  pickle and
-    copy: TypeError (_Uncopyable)."""
+class _Region(_Uncopyable):
+    """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor,
+    unmapped when the region is collected (not at interpreter exit, when something
+    might still read it).  It exports no memory (no array interface, no buffer): its
+    bytes are reached through the one object that made it (a _Mapping, whose arrays
+    hold it) or a lent result's _Lease, so that every array of a lent temporary's
+    bytes holds the lease, never the region alone (probe 22 C2: an array made from
+    the lease's mapping kept nothing lent, and the next result was written into it).
+    pickle and copy: TypeError (_Uncopyable)."""
+    __slots__ = ("address", "size", "__weakref__")
     _copy_what = "a mapping of shared memory"
 
     def __init__(self, fd: int, size: int) -> None:
@@ -271,13 +275,31 @@ class _Mapping(_Uncopyable):
             raise OSError(e, os.strerror(e))
         self.address = addr
         self.size = size
-        self.__array_interface__ = {"shape": (size,), "typestr": "|u1",
-                                    "data": (addr, False), "version": 3}
         fin = weakref.finalize(self, _libc.munmap, addr, size)
         fin.atexit = False
 
     def madvise(self, advice: int) -> None:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
+
+
+class _Mapping(_Uncopyable):
+    """The bytes of a _Region (``region``): ``numpy.asarray(mapping)`` is a uint8 array
+    of them whose base is the mapping, so every view keeps the region mapped; it is
+    unmapped once the last of them (and any lease of it) is collected.  A shared
+    array's base, and a shared temporary's own view.  pickle and copy: TypeError
+    (_Uncopyable)."""
+    __slots__ = ("region", "address", "size", "__array_interface__", "__weakref__")
+    _copy_what = "a mapping of shared memory"
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.region = _Region(fd, size)
+        self.address = self.region.address
+        self.size = size
+        self.__array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                    "data": (self.address, False), "version": 3}
+
+    def madvise(self, advice: int) -> None:
+        self.region.madvise(advice)
 
 
 def _memory_owner(a: Any) -> Any:
@@ -739,18 +761,19 @@ class _Temp(_Uncopyable):
 class _Lease(_Uncopyable):
     """What a lent result is a view of: ``numpy.asarray(lease)`` is the result itself
     (``dtype`` and ``shape`` at the start of a shared temporary's mapping), whose
-    ``base`` is the lease, as python.md says.  It holds the mapping (``mm``), so that
-    the mapping outlives every view, also past the client's close() or the
-    temporary's free.  Its collection, once no view is left, is what gives the
+    ``base`` is the lease, as python.md says.  It holds the mapping (``region``, a
+    _Region, which exports no memory: the lease is the only way to the bytes from a
+    lent result, so that every array of them keeps it lent), so that the mapping
+    outlives every view, also past the client's close() or the temporary's free.  Its collection, once no view is left, is what gives the
     temporary back (_Lent): nothing runs then.  pickle and copy: TypeError
     (_Uncopyable): a copy carried the raw address (a crash once the mapping was
     gone, or in another process), and an array made from it kept nothing lent."""
-    __slots__ = ("mm", "__array_interface__", "__weakref__")
+    __slots__ = ("region", "__array_interface__", "__weakref__")
     _copy_what = "a lent result's lease, the mapping of a shared temporary"
 
-    def __init__(self, mm: Any, address: int, dtype: np.dtype,
+    def __init__(self, region: _Region, address: int, dtype: np.dtype,
                  shape: Tuple[int, ...]) -> None:
-        self.mm = mm
+        self.region = region
         # descr carries a structured dtype (dspk.bfloat16) whole; typestr alone would
         # be its bare "|V2".
         self.__array_interface__ = {"shape": tuple(shape), "typestr": dtype.str,
@@ -5236,7 +5259,7 @@ class Client:
         mm = t.mm
         if not isinstance(mm, _Mapping) or math.prod(shape) * dt.itemsize <= 0:
             return None
-        lease = _Lease(mm, mm.address, dt, shape)
+        lease = _Lease(mm.region, mm.address, dt, shape)
         ref = _Lent(lease, self._lent_back.append)
         with self._temp_lock:
             if self._closed is not None or t.held is not held or \
