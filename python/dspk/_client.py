@@ -18,6 +18,7 @@ import _thread
 import array as _array
 import collections
 import concurrent.futures
+import copy
 import decimal
 import concurrent.futures._base as _cf
 import errno
@@ -224,7 +225,14 @@ _OURS = tuple(os.path.dirname(f) + os.sep for f in
 # frame: the operands, the request's future, the task's temporaries.  That reference
 # cycle kept them (a lent operand's temporary, a future and its lent result, their
 # daemon buffers) until a garbage collection (probe 22 C3).  The client sets such a
-# local to None as it leaves the frame ("see _no_cycle").
+# local to None as it leaves the frame ("see _no_cycle").  So is a local holding a
+# future whose exception is the one raised through that frame (TaskFuture.result()
+# and exception(), the wrappers of the public methods, whose ``args`` hold the
+# future): the future held the error, whose traceback held the frame.  A synchronous
+# call's own future (Client._wait) is held by every frame of the call (_run's
+# ``fut``, ``owner``, ``shm``...): the error it raises is taken out of the future,
+# which keeps a copy without a traceback (_untraced_twin), so that no frame of the
+# call reaches it (probe 22 C2).
 
 
 class _Uncopyable:
@@ -247,12 +255,16 @@ class _Uncopyable:
     _copy_what = "an object of one dspk connection"
 
 
-class _Mapping(_Uncopyable):
-    """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor.
-    ``numpy.asarray(mapping)`` is a uint8 array of its bytes whose base is the mapping,
-    so every view keeps it alive; it is unmapped when the last of them is collected
-    (not at interpreter exit, when something might still read it).  pickle and
-    copy: TypeError (_Uncopyable)."""
+class _Region(_Uncopyable):
+    """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor,
+    unmapped when the region is collected (not at interpreter exit, when something
+    might still read it).  It exports no memory (no array interface, no buffer): its
+    bytes are reached through the one object that made it (a _Mapping, whose arrays
+    hold it) or a lent result's _Lease, so that every array of a lent temporary's
+    bytes holds the lease, never the region alone (probe 22 C2: an array made from
+    the lease's mapping kept nothing lent, and the next result was written into it).
+    pickle and copy: TypeError (_Uncopyable)."""
+    __slots__ = ("address", "size", "__weakref__")
     _copy_what = "a mapping of shared memory"
 
     def __init__(self, fd: int, size: int) -> None:
@@ -263,13 +275,31 @@ class _Mapping(_Uncopyable):
             raise OSError(e, os.strerror(e))
         self.address = addr
         self.size = size
-        self.__array_interface__ = {"shape": (size,), "typestr": "|u1",
-                                    "data": (addr, False), "version": 3}
         fin = weakref.finalize(self, _libc.munmap, addr, size)
         fin.atexit = False
 
     def madvise(self, advice: int) -> None:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
+
+
+class _Mapping(_Uncopyable):
+    """The bytes of a _Region (``region``): ``numpy.asarray(mapping)`` is a uint8 array
+    of them whose base is the mapping, so every view keeps the region mapped; it is
+    unmapped once the last of them (and any lease of it) is collected.  A shared
+    array's base, and a shared temporary's own view.  pickle and copy: TypeError
+    (_Uncopyable)."""
+    __slots__ = ("region", "address", "size", "__array_interface__", "__weakref__")
+    _copy_what = "a mapping of shared memory"
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.region = _Region(fd, size)
+        self.address = self.region.address
+        self.size = size
+        self.__array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                    "data": (self.address, False), "version": 3}
+
+    def madvise(self, advice: int) -> None:
+        self.region.madvise(advice)
 
 
 def _memory_owner(a: Any) -> Any:
@@ -365,6 +395,22 @@ def _as_error(e: BaseException) -> BaseException:
     return e
 
 
+def _untraced_twin(e: BaseException) -> Optional[BaseException]:
+    """A copy of ``e`` (its class, args and attributes, a dspk.Error's code, name,
+    message and notes, as pickle and copy keep them) with no traceback, its cause
+    and context those of ``e``; None where ``e`` cannot be copied.  A synchronous
+    call's future keeps it in place of the error the call raises (see _no_cycle)."""
+    try:
+        twin = copy.copy(e)
+    except Exception:  # noqa: BLE001 - an exception of a class that cannot be copied
+        return None
+    if type(twin) is not type(e) or twin is e:
+        return None
+    twin.__cause__, twin.__context__ = e.__cause__, e.__context__
+    twin.__suppress_context__ = e.__suppress_context__
+    return twin
+
+
 def _untraced(fn: _F) -> _F:
     """A method that runs with this thread's trace function (sys.settrace: a debugger,
     a coverage tool, a tracer of the caller's) off, and put back as it returns.  A trace
@@ -380,13 +426,16 @@ def _untraced(fn: _F) -> _F:
     @functools.wraps(fn)
     def method(*args: Any, **kwargs: Any) -> Any:
         tracer = sys.gettrace()
-        if tracer is None:
-            return fn(*args, **kwargs)
-        sys.settrace(None)
         try:
-            return fn(*args, **kwargs)
+            if tracer is None:
+                return fn(*args, **kwargs)
+            sys.settrace(None)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sys.settrace(tracer)
         finally:
-            sys.settrace(tracer)
+            args = kwargs = None  # type: ignore[assignment]  # see _no_cycle
     return cast(_F, method)
 
 
@@ -411,6 +460,7 @@ def _as_dspk_errors(fn: _F, untraced: bool) -> _F:
             finally:
                 err = None  # see _no_cycle
         finally:
+            args = kwargs = None  # type: ignore[assignment]  # see _no_cycle
             if tracer is not None:
                 sys.settrace(tracer)
     return cast(_F, method)
@@ -711,18 +761,19 @@ class _Temp(_Uncopyable):
 class _Lease(_Uncopyable):
     """What a lent result is a view of: ``numpy.asarray(lease)`` is the result itself
     (``dtype`` and ``shape`` at the start of a shared temporary's mapping), whose
-    ``base`` is the lease, as python.md says.  It holds the mapping (``mm``), so that
-    the mapping outlives every view, also past the client's close() or the
-    temporary's free.  Its collection, once no view is left, is what gives the
+    ``base`` is the lease, as python.md says.  It holds the mapping (``region``, a
+    _Region, which exports no memory: the lease is the only way to the bytes from a
+    lent result, so that every array of them keeps it lent), so that the mapping
+    outlives every view, also past the client's close() or the temporary's free.  Its collection, once no view is left, is what gives the
     temporary back (_Lent): nothing runs then.  pickle and copy: TypeError
     (_Uncopyable): a copy carried the raw address (a crash once the mapping was
     gone, or in another process), and an array made from it kept nothing lent."""
-    __slots__ = ("mm", "__array_interface__", "__weakref__")
+    __slots__ = ("region", "__array_interface__", "__weakref__")
     _copy_what = "a lent result's lease, the mapping of a shared temporary"
 
-    def __init__(self, mm: Any, address: int, dtype: np.dtype,
+    def __init__(self, region: _Region, address: int, dtype: np.dtype,
                  shape: Tuple[int, ...]) -> None:
-        self.mm = mm
+        self.region = region
         # descr carries a structured dtype (dspk.bfloat16) whole; typestr alone would
         # be its bare "|V2".
         self.__array_interface__ = {"shape": tuple(shape), "typestr": dtype.str,
@@ -1467,16 +1518,22 @@ class TaskFuture(concurrent.futures.Future):
         None or a real number is a TypeError, NaN a ValueError, as the wait of
         concurrent.futures would have them, said before any wait; any real number is
         taken (a numpy float32, a Fraction)."""
-        if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
-            raise concurrent.futures.TimeoutError()
-        return super().result(0)
+        try:
+            if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
+                raise concurrent.futures.TimeoutError()
+            return super().result(0)
+        finally:
+            self = None  # type: ignore[assignment]  # see _no_cycle (as concurrent.futures)
 
     @_untraced
     def exception(self, timeout: Optional[Real] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
-        if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
-            raise concurrent.futures.TimeoutError()
-        return super().exception(0)
+        try:
+            if not self._wait_done(self._pump(_check_wait_timeout(timeout))):
+                raise concurrent.futures.TimeoutError()
+            return super().exception(0)
+        finally:
+            self = None  # type: ignore[assignment]  # see _no_cycle
 
 
 def _check_wait_timeout(timeout: Any) -> Optional[float]:
@@ -3292,8 +3349,10 @@ class Client:
             rest = [v if isinstance(v.obj, bytes) else memoryview(bytes(v))
                     for v in h.views]
             mark._handed = True
+            # (in a list the thread empties: the arguments tuple, held by the
+            # thread until its function has returned, holds nothing of the request)
             handed.extend(map(_thread.start_new_thread, (self._writer_main,),
-                              ((token, rest, h.anc, h.sent, deadline, mark),)))
+                              (([token, rest, h.anc, h.sent, deadline, mark],),)))
         except RuntimeError as e:  # _thread: "can't start new thread"
             if _foreign(e) or handed:
                 raise
@@ -3306,17 +3365,21 @@ class Client:
                     % (h.sent, type(e).__name__)))
             raise
 
-    def _writer_main(self, token: Any, views: List[memoryview], anc: List[Any],
-                     sent: int, deadline: Optional[float], mark: TaskFuture) -> None:
-        """The writer thread of one submit() (_hand_off): writes the rest of its
-        request, waiting for room at most until ``deadline``, then gives the right to
-        send back.  A failure ends the future (dspk.Timeout, the connection closed
-        when part of the request went; dspk.Closed when it is gone)."""
+    def _writer_main(self, job: List[Any]) -> None:
+        """The writer thread of one submit() (_hand_off), ``job`` [token, views, anc,
+        sent, deadline, mark] (emptied as it starts): writes the rest of its request,
+        waiting for room at most until ``deadline``, then gives the right to send
+        back.  A failure ends the future (dspk.Timeout, the connection closed when
+        part of the request went; dspk.Closed when it is gone).  Its future and the
+        views of the request are let go before the thread ends (probe 22 C2)."""
+        token, views, anc, sent, deadline, mark = job
+        job.clear()
         sl = self._send_lock
         try:
             try:
                 self._write_locked(views, anc, deadline, sent, mark)
                 self._flush_frees_locked()
+                views = mark = None  # type: ignore[assignment]
             except BaseException as e:  # noqa: B036 - the future's, on this thread
                 err = _as_error(e)
                 if not isinstance(err, Error):
@@ -3822,14 +3885,27 @@ class Client:
     # ---- the pump ----------------------------------------------------------------
 
     def _wait(self, fut: TaskFuture, deadline: Any = _EACH) -> Any:
+        """The result of the request of a synchronous call (``fut``, which no caller
+        sees), or its error raised; dspk.Timeout past ``deadline``.  The error raised
+        is no longer the future's: it keeps a copy without a traceback (see
+        _no_cycle)."""
         if deadline is _EACH:
             timeout = self._timeout
             deadline = None if timeout is None else time.monotonic() + timeout
         if not self._pump_until(fut, deadline):
             self._timed_out(fut)
-        if fut._state == _cf.FINISHED and fut._exception is None:
+        if fut._state != _cf.FINISHED:
+            return fut.result()  # canceled: CancelledError (a new one each time)
+        err = fut._exception
+        if err is None:
             return fut._result  # the common case, without result()'s checks and waits
-        return fut.result()
+        try:
+            twin = _untraced_twin(err)
+            if twin is not None:
+                fut._exception = twin  # type: ignore[attr-defined]
+            raise err
+        finally:
+            err = twin = fut = None  # see _no_cycle
 
     def _pump_until(self, fut: concurrent.futures.Future, deadline: Optional[float]) -> bool:
         """Waits until ``fut`` is done (True) or ``deadline`` (time.monotonic(); None:
@@ -5183,7 +5259,7 @@ class Client:
         mm = t.mm
         if not isinstance(mm, _Mapping) or math.prod(shape) * dt.itemsize <= 0:
             return None
-        lease = _Lease(mm, mm.address, dt, shape)
+        lease = _Lease(mm.region, mm.address, dt, shape)
         ref = _Lent(lease, self._lent_back.append)
         with self._temp_lock:
             if self._closed is not None or t.held is not held or \

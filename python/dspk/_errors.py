@@ -1,7 +1,7 @@
 """dspk.Error and one subclass per error code of docs/protocol.md."""
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Type
+from typing import Any, Dict, Mapping, Tuple, Type
 
 __all__ = [
     "Error", "InvalidArgument", "OutOfMemory", "ProtocolError", "LimitExceeded",
@@ -14,6 +14,10 @@ __all__ = [
 
 class Error(Exception):
     """An error of the daemon or of this client.
+
+    ``Error(message)`` built directly, with no ``code``, has the code -24 and name
+    EINTERNAL of an internal error, yet stays of class Error (not InternalError);
+    pickle and copy keep its class, args, code, name, message and attributes.
 
     Attributes:
         code: the stable negative code of docs/protocol.md (e.g. -8).
@@ -34,10 +38,35 @@ class Error(Exception):
         super().__init__("%s: %s" % (self.name, message) if message else self.name)
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (self.code, self.name, self.message))
+        # As a builtin exception pickles and copies: its class, its args, and its
+        # __dict__ (message, a code and name of its own, the notes of add_note(), what
+        # a caller set); __cause__, __context__ and __traceback__ are not kept, as
+        # there (probe 22 C2: the notes and attributes were dropped, and an Error built
+        # directly came back as InternalError).
+        return (_restore, (type(self), self.args, self.code, self.name, self.message),
+                self.__dict__ or None)
+
+
+def _restore(cls: Type[Error], args: Tuple[Any, ...], code: int, name: str,
+             message: str) -> Error:
+    """An exception of class ``cls`` (dspk.Error or a subclass) as pickled by
+    Error.__reduce__: made as the class makes it (a code and name passed only where
+    they are not the class's), ``args`` then as they were; its state, the __dict__
+    pickled with it, is set next."""
+    if not (isinstance(cls, type) and issubclass(cls, Error)):
+        raise TypeError("not a dspk.Error class: %r" % (cls,))
+    kw: Dict[str, Any] = {}
+    if code != cls.code:
+        kw["code"] = code
+    if name != cls.name:
+        kw["name"] = name
+    e = cls(message, **kw)
+    e.args = tuple(args)
+    return e
 
 
 def _rebuild(code: int, name: str, message: str) -> Error:
+    """What pickles made by an earlier client call (class by code, as error_from)."""
     return error_from({"code": code, "name": name, "message": message})
 
 

@@ -607,3 +607,64 @@ def test_a_malformed_kernel_answer_names_the_request_and_the_field(fake, outputs
         got = c.kernel("void main() {}", np.ones(2, np.float32), np.ones(2, np.float32),
                        lang="glsl", grid=1, device="vulkan:0")  # well-formed: taken
         assert [g.tolist() for g in got] == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def _error_samples():
+    from dspk import _errors
+    out = [cls("text of %s" % cls.__name__) for cls in
+           (getattr(dspk, n) for n in _errors.__all__ if n not in ("Error", "error_from"))]
+    out += [dspk.Error("plain"), dspk.Error(), dspk.Error("x", code=-99, name="EWEIRD"),
+            dspk.error_from({"code": -99, "message": "unknown"}),
+            dspk.error_from({"name": "ENOMEM"}), dspk.error_from({}),
+            dspk.error_from({"code": -8, "name": "EINVAL", "message": "m"})]
+    return out
+
+
+def test_errors_pickle_and_copy_as_builtin_exceptions():
+    """pickle, copy and deepcopy of a dspk error keep, as for a builtin exception, its
+    class, args, code, name, message, str, the notes of add_note() and the attributes
+    a caller set (its __dict__): the notes and attributes were dropped, and a
+    dspk.Error built directly came back as InternalError (probe 22 C2)."""
+    import copy
+    import pickle
+    for e in _error_samples():
+        e.add_note("a note")
+        e.extra = {"k": 5}
+        hows = [lambda x, p=p: pickle.loads(pickle.dumps(x, protocol=p))
+                for p in range(pickle.HIGHEST_PROTOCOL + 1)] + [copy.copy, copy.deepcopy]
+        for how in hows:
+            back = how(e)
+            assert back is not e
+            assert type(back) is type(e), (e, back)
+            assert (back.args, back.code, back.name, back.message, str(back)) == \
+                (e.args, e.code, e.name, e.message, str(e)), (e, back)
+            assert back.__notes__ == ["a note"] and back.extra == {"k": 5}, e
+            assert back.__dict__ == e.__dict__, (e, back.__dict__)
+    # the builtin's behaviour, which this follows
+    v = ValueError("v")
+    v.add_note("a note")
+    v.extra = 1
+    assert pickle.loads(pickle.dumps(v)).__dict__ == v.__dict__
+
+
+def test_error_built_directly_is_an_error_of_code_einternal():
+    """dspk.Error("text") built directly (no code) has the code -24 and name
+    EINTERNAL of an internal error but stays of class Error, not InternalError,
+    through pickle and copy too (python.md, Errors)."""
+    import copy
+    import pickle
+    e = dspk.Error("plain")
+    assert (type(e), e.code, e.name, e.message, str(e)) == \
+        (dspk.Error, -24, "EINTERNAL", "plain", "EINTERNAL: plain")
+    assert not isinstance(e, dspk.InternalError)
+    for back in (pickle.loads(pickle.dumps(e)), copy.copy(e), copy.deepcopy(e)):
+        assert type(back) is dspk.Error and (back.code, back.name) == (-24, "EINTERNAL")
+    assert type(dspk.error_from({"code": -24})) is dspk.InternalError
+
+
+def test_pickles_of_an_earlier_client_still_load():
+    """An error pickled by a client before this one (``_rebuild(code, name,
+    message)``) loads, as error_from makes it."""
+    from dspk._errors import _rebuild
+    e = _rebuild(-8, "ESHAPE", "old")
+    assert type(e) is dspk.ShapeError and e.message == "old"

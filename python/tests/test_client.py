@@ -1191,3 +1191,168 @@ def test_dropped_futures_results_and_errors_leave_no_reference_cycles(client):
     finally:
         if was:
             gc.enable()
+
+
+def _lent_now(c):
+    from dspk._client import _Lent
+    return [t for t in c._temps if isinstance(t.held, _Lent) and t.held() is not None]
+
+
+def _gone(refs):
+    """Whether every one of the weak references ``refs`` is dead, waiting for it while
+    a thread of the client that has just ended the call (the reader or callbacks
+    thread that settled its future, the writer thread of a submit()) is on its way
+    out: what a reference cycle holds never dies, the cyclic collector being off."""
+    import time
+    deadline = time.monotonic() + 10
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return [type(r()).__name__ for r in refs if r() is not None]
+
+
+def _fails_leaving_nothing(c, call, want=dspk.Error, settle=None):
+    """``call(big, lent)`` (a 4 MiB operand and a lent result, made here; a plain one
+    with no shared memory) raises
+    ``want``; once the caller drops the error and the operands, with the cyclic
+    garbage collector off, the operands are gone, the lent result's temporary is
+    lent no more, and no object or frame of the client's is cyclic garbage.
+    ``settle()`` runs once the error is caught (the daemon made to answer what it
+    holds, which keeps a lent operand lent until then)."""
+    import weakref
+    big = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: staged or lent
+    lent = c.map("scale", big, alpha=1.0)
+    assert (type(lent.base).__name__ == "_Lease") == (c.shared_threshold > 0)
+    refs = [weakref.ref(big), weakref.ref(lent)] + \
+        ([weakref.ref(lent.base)] if lent.base is not None else [])
+    caught = None
+    try:
+        call(big, lent)
+    except want as e:
+        caught = weakref.ref(e)
+    assert caught is not None, "no %s" % want.__name__
+    if settle is not None:
+        settle()
+    del big, lent
+    assert _gone(refs + [caught]) == []
+    assert _cyclic_garbage_of_dspk() == {}
+
+
+_FAILING_CALLS = {
+    # the daemon's errors, synchronous
+    "reduce axes": lambda c, x, r: c.reduce(r, axes=[5]),
+    "reduce axes (operand)": lambda c, x, r: c.reduce(x, axes=[5]),
+    "contract subscripts": lambda c, x, r: c.contract("ij,jk->iz", x.reshape(512, -1),
+                                                      r.reshape(-1, 512)),
+    "device": lambda c, x, r: c.map("add", x, r, device="cpu:7"),
+    "fir out": lambda c, x, r: c.fir(x, r[:8], device="vulkan:9"),
+    # the client's own
+    "gemm shape": lambda c, x, r: c.gemm(x.reshape(512, -1), r.reshape(512, -1)),
+    # submit(): result() and exception() of a failing task, and the future dropped
+    "submit result": lambda c, x, r: c.submit("reduce", r, axes=[5]).result(TIMEOUT),
+    "submit exception": lambda c, x, r: _raise(
+        c.submit("map", "add", x, r, device="cpu:7").exception(TIMEOUT)),
+    "submit dropped": lambda c, x, r: (c.submit("contract", "ij,jk->iz", x.reshape(512, -1),
+                                                r.reshape(-1, 512)), c.ping(),
+                                       c.reduce(r, axes=[7])),
+}
+
+
+def _raise(e):
+    try:
+        raise e
+    finally:
+        e = None  # this frame, in e's traceback, holding e: a cycle of the test's
+
+
+@pytest.mark.parametrize("shared", [0, 64])
+def test_failing_calls_leave_no_reference_cycles(client, shared):
+    """An error a call raises (the daemon's, the client's own, one re-raised from a
+    submit() future) holds the call's frames in its traceback; they held the future
+    that held the error, so the error, the frames and every operand they held (a
+    4 MiB array, a lent result whose temporary stayed lent) were a reference cycle,
+    kept until a garbage collection: memory grew by the operands, and once four lent
+    results were held that way later results were copied (probe 22 C2).  With the
+    cyclic garbage collector off, dropping the error and the operands frees them."""
+    import gc
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        client.shared_threshold = shared
+        client.ping()
+        _cyclic_garbage_of_dspk()
+        for name, call in _FAILING_CALLS.items():
+            _fails_leaving_nothing(client, lambda x, r: call(client, x, r))
+            client.ping()
+            assert _lent_now(client) == [], name
+        r = client.map("scale", np.ones(1 << 16), alpha=1.0)
+        assert (type(r.base).__name__ == "_Lease") == (shared > 0)  # none held: lent
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_timeouts_and_a_lost_connection_leave_no_reference_cycles(fresh_daemon):
+    """The same for dspk.Timeout (a daemon that answers nothing) and dspk.Closed (a
+    daemon killed while a synchronous call and a submit() wait; calls after it)."""
+    import gc
+    import weakref
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
+        c.shared_threshold = 64
+        c.ping()
+        _cyclic_garbage_of_dspk()
+        pid = fresh_daemon.proc.pid
+        try:
+            c.timeout = 0.2
+
+            def resume():
+                os.kill(pid, signal.SIGCONT)
+                c.timeout = TIMEOUT
+                c.ping()
+
+            _fails_leaving_nothing(c, lambda x, r: (os.kill(pid, signal.SIGSTOP),
+                                                    c.map("add", x, r)), dspk.Timeout, resume)
+            c.timeout = TIMEOUT
+            started = threading.Event()
+            out = {}
+
+            def sync_call(x, r):
+                started.set()
+                try:
+                    c.map("add", x, r)
+                except dspk.Closed as e:
+                    out["e"] = type(e)
+
+            def lose(x, r):
+                os.kill(pid, signal.SIGSTOP)
+                f = [c.submit("map", "add", x, r)]  # (a local holding the future
+                # that raises through this frame would be a cycle of the test's)
+                t = threading.Thread(target=sync_call, args=(x, r))
+                t.start()
+                started.wait(TIMEOUT)
+                fresh_daemon.proc.send_signal(signal.SIGKILL)
+                fresh_daemon.proc.wait()
+                t.join(TIMEOUT)
+                assert out.get("e") is dspk.Closed
+                f.pop().result(TIMEOUT)
+
+            _fails_leaving_nothing(c, lose, dspk.Closed)
+        finally:
+            if fresh_daemon.proc.poll() is None:
+                os.kill(pid, signal.SIGCONT)
+        x = np.ones(1 << 19)
+        ref = weakref.ref(x)
+        with pytest.raises(dspk.Closed):
+            c.map("add", x, x)
+        del x
+        assert ref() is None
+        with pytest.raises(dspk.Closed):
+            c.submit("map", "add", np.ones(4), np.ones(4)).result(TIMEOUT)
+        assert _cyclic_garbage_of_dspk() == {}
+        c.close()
+        assert _cyclic_garbage_of_dspk() == {}
+    finally:
+        if was:
+            gc.enable()

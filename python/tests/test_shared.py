@@ -1253,7 +1253,7 @@ def test_lent_lease_shared_mapping_and_temporaries_refuse_pickle_and_copy(client
     s[:] = 1.5
     owner = _memory_owner(s)
     assert type(owner) is _Mapping
-    things = [r.base, r.base.mm, owner, t, t.held()]
+    things = [r.base, r.base.region, owner, owner.region, t, t.held()]
     for obj in things:
         for how in (pickle.dumps, copy.copy, copy.deepcopy):
             with pytest.raises(TypeError, match="cannot pickle or copy a dspk "):
@@ -1273,6 +1273,65 @@ def test_lent_lease_shared_mapping_and_temporaries_refuse_pickle_and_copy(client
     np.testing.assert_array_equal(again, 5 * x)
 
 
+def _reachable_attributes(root, depth=3):
+    """(path, object) for each object reachable from ``root`` through attributes (its
+    slots and ``__dict__``, and any other name dir() lists), ``depth`` steps at most;
+    numbers, strings and methods left out."""
+    import types
+    seen, out, todo = {id(root)}, [], [("base", root, 0)]
+    while todo:
+        path, obj, d = todo.pop()
+        out.append((path, obj))
+        if d == depth:
+            continue
+        for name in dir(obj):
+            if name in ("__class__", "__doc__", "__module__", "__slots__"):
+                continue
+            try:
+                v = getattr(obj, name)
+            except Exception:  # noqa: BLE001 - an attribute that cannot be read
+                continue
+            if isinstance(v, (int, float, str, bytes, type, types.MethodType,
+                              types.BuiltinMethodType, types.MethodWrapperType,
+                              types.FunctionType)) or v is None or id(v) in seen:
+                continue
+            seen.add(id(v))
+            todo.append(("%s.%s" % (path, name), v, d + 1))
+    return out
+
+
+def test_no_attribute_of_a_lent_result_exports_its_memory_without_the_lease(client):
+    """Every object reachable from a lent result's base that gives an array or a
+    buffer of the temporary's bytes keeps the temporary lent: ``np.asarray`` of the
+    lease's mapping (``A.base.mm``) was a view whose base was that mapping, not the
+    lease, so once the result was dropped the next op's result was written into it
+    (probe 22 C2).  The lease's mapping now exports nothing; the lease is the only
+    way to the bytes."""
+    import gc
+    from dspk._client import _is_lent
+    x = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: lent
+    r = client.map("scale", x, alpha=2.0, device="cpu:0")
+    assert _lent_temp(client, r) is not None
+    views = []
+    for path, obj in _reachable_attributes(r.base):
+        for how in (np.asarray, memoryview, lambda o: np.frombuffer(o, np.uint8)):
+            try:
+                v = np.asarray(how(obj))
+            except Exception:  # noqa: BLE001 - exports nothing: fine
+                continue
+            if v.dtype != object and np.shares_memory(v, r):
+                assert _is_lent(v), path  # a view of the lease: keeps it lent
+                views.append((path, v.view(np.uint8)[:8 * 4].view(np.float64)))
+    assert [p for p, _ in views] and all(p == "base" for p, _ in views), views
+    del r, obj, v
+    gc.collect()
+    again = client.map("scale", x, alpha=5.0, device="cpu:0")
+    for path, v in views:
+        assert not np.shares_memory(v, again), path
+        np.testing.assert_array_equal(v, 2 * x[:4])
+    np.testing.assert_array_equal(again, 5 * x)
+
+
 def test_every_connection_bound_class_refuses_pickle_and_copy():
     """Each class of the client whose objects hold mapped memory, a daemon buffer, a
     request, a lock or a thread of a connection refuses pickle and copy (probe 22
@@ -1280,7 +1339,7 @@ def test_every_connection_bound_class_refuses_pickle_and_copy():
     import copy
     import pickle
     from dspk import _client as C
-    for name in ("_Mapping", "_Lease", "_Temp", "_TempList", "_Staged", "_Claim", "_Job",
+    for name in ("_Region", "_Mapping", "_Lease", "_Temp", "_TempList", "_Staged", "_Claim", "_Job",
                  "_Call", "_Direct", "_SendLock", "_Runner", "_Held"):
         cls = getattr(C, name)
         assert issubclass(cls, C._Uncopyable), name
