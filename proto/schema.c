@@ -495,6 +495,18 @@ static void choices_text(const char *const *list, char *buf, size_t size) {
     used += (size_t)snprintf(buf + used, size - used, "%s%s", i ? ", " : "", list[i]);
 }
 
+/* PREFIX, the choices, ")" into buf (cut at size); returns buf. */
+static const char *choices_phrase(const char *prefix, const char *const *list, char *buf,
+                                  size_t size) {
+  size_t used = (size_t)snprintf(buf, size, "%s", prefix);
+  if (used < size)
+    choices_text(list, buf + used, size - used);
+  used = strlen(buf);
+  if (used + 1 < size)
+    memcpy(buf + used, ")", 2);
+  return buf;
+}
+
 static const char *expect_text(const struct dspk__param *p, char *buf, size_t size) {
   if (p->expect)
     return p->expect;
@@ -511,24 +523,8 @@ static const char *expect_text(const struct dspk__param *p, char *buf, size_t si
   case DSPK__T_BIN: return DSPK__EXPECT_BIN;
   case DSPK__T_DIM3: return "an array of 1 to 3 integers";
   case DSPK__T_MAP: return "a map";
-  case DSPK__T_ENUMS: {
-    size_t used = (size_t)snprintf(buf, size, "an array of strings (");
-    if (used < size)
-      choices_text(p->choices, buf + used, size - used);
-    used = strlen(buf);
-    if (used + 1 < size)
-      memcpy(buf + used, ")", 2);
-    return buf;
-  }
-  case DSPK__T_ENUM: {
-    size_t used = (size_t)snprintf(buf, size, "a string (");
-    if (used < size)
-      choices_text(p->choices, buf + used, size - used);
-    used = strlen(buf);
-    if (used + 1 < size)
-      memcpy(buf + used, ")", 2);
-    return buf;
-  }
+  case DSPK__T_ENUMS: return choices_phrase("an array of strings (", p->choices, buf, size);
+  case DSPK__T_ENUM: return choices_phrase("a string (", p->choices, buf, size);
   default: return "an array";
   }
 }

@@ -2061,6 +2061,19 @@ def paths(exe, submit, tmp):
           % (p,))
 
 
+def guard_runs(exe, sock):
+    """start(*args), end_job(*args): dspkd started on sock (--config ""), and
+    dspkd --end-job style runs, each run to its end with its output."""
+    def start(*args):
+        return subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", ""] + list(args)),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+
+    def end_job(*args):
+        return subprocess.run([exe, "--config", "", "--socket", sock] + list(args),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+    return start, end_job
+
+
 def lock_guard(exe, tmp):
     """The state file's lock cannot be defeated by another daemon's files (dspkd(8),
     --job-state): a job_state whose name ends in .lock or .tmp (another state file's lock
@@ -2076,13 +2089,7 @@ def lock_guard(exe, tmp):
     state = os.path.join(tmp, "dspkd.jobs")
     other = os.path.join(tmp, "other.sock")
 
-    def start(*args):
-        return subprocess.run(dspk_daemon.cmdline(exe, other, ["--config", ""] + list(args)),
-                              capture_output=True, text=True, timeout=TIMEOUT)
-
-    def end_job(*args):
-        return subprocess.run([exe, "--config", "", "--socket", other] + list(args),
-                              capture_output=True, text=True, timeout=TIMEOUT)
+    start, end_job = guard_runs(exe, other)
 
     def running(d):
         d.client().call("job.register", {"job": 101, "uid": NOBODY, "devices": []})
@@ -2304,13 +2311,7 @@ def dir_guard(exe, tmp):
     os.chmod(tmp, 0o755)
     other = os.path.join(tmp, "other.sock")
 
-    def start(*args):
-        return subprocess.run(dspk_daemon.cmdline(exe, other, ["--config", ""] + list(args)),
-                              capture_output=True, text=True, timeout=TIMEOUT)
-
-    def end_job(*args):
-        return subprocess.run([exe, "--config", "", "--socket", other] + list(args),
-                              capture_output=True, text=True, timeout=TIMEOUT)
+    start, end_job = guard_runs(exe, other)
 
     for name, mode, owner, why in (
             ("theirs", 0o755, NOBODY, "is owned by uid %d, not by dspkd's uid 0"

@@ -212,6 +212,26 @@ class Conn:
         self.fds = []
 
 
+def protocol_params(js, op_method=lambda op: "task.run"):
+    """(method, path, param) of every parameter protocol.json lists, nested
+    fields and array items' fields included (path "a.b", "a[].b"); an op's
+    options under op_method(op's name), as "options.NAME"."""
+    out = []
+
+    def walk(method, params, pre):
+        for q in params:
+            path = pre + q["name"]
+            out.append((method, path, q))
+            for sub in (q.get("fields"), (q.get("item") or {}).get("fields")):
+                if sub:
+                    walk(method, sub, path + ("[]." if q["type"] == "array" else "."))
+    for m in js["methods"]:
+        walk(m["name"], m["params"], "")
+    for op in js["ops"]:
+        walk(op_method(op["name"]), op["options"], "options.")
+    return out
+
+
 def check_error_map(e):
     check(isinstance(e, dict) and set(e) == {"code", "name", "message"},
           "error map keys %r (Errors: {code, name, message})" % (e,))
@@ -1045,20 +1065,7 @@ def uint_words(env):
         # every uint parameter protocol.json lists has its row here
         with open(PROTOCOL_JSON) as f:
             js = json.load(f)
-        listed = set()
-
-        def walk(method, params, pre):
-            for q in params:
-                path = pre + q["name"]
-                if q["type"] == "uint":
-                    listed.add((method, path))
-                for sub in (q.get("fields"), (q.get("item") or {}).get("fields")):
-                    if sub:
-                        walk(method, sub, path + ("[]." if q["type"] == "array" else "."))
-        for m in js["methods"]:
-            walk(m["name"], m["params"], "")
-        for op in js["ops"]:
-            walk("task.run", op["options"], "options.")
+        listed = {(m, path) for m, path, q in protocol_params(js) if q["type"] == "uint"}
         missing = listed - {(r[0], r[1]) for r in rows}
         check(not missing, "uint parameters without a row here: %r" % sorted(missing))
     for method, path, params, name, required in rows:
@@ -1151,19 +1158,9 @@ def kind_words(env):
     with open(PROTOCOL_JSON) as f:
         js = json.load(f)
     kinds = {}  # (method, path) -> (type, required, values)
-
-    def walk(method, params, pre):
-        for q in params:
-            path = pre + q["name"]
-            if q["type"] in KIND_WORDS:
-                kinds.setdefault((method, path), (q["type"], q["required"], q.get("choices")))
-            for sub in (q.get("fields"), (q.get("item") or {}).get("fields")):
-                if sub:
-                    walk(method, sub, path + ("[]." if q["type"] == "array" else "."))
-    for m in js["methods"]:
-        walk(m["name"], m["params"], "")
-    for op in js["ops"]:
-        walk("task.run:" + op["name"], op["options"], "options.")
+    for m, path, q in protocol_params(js, op_method=lambda op: "task.run:" + op):
+        if q["type"] in KIND_WORDS:
+            kinds.setdefault((m, path), (q["type"], q["required"], q.get("choices")))
     ops = {}
     for (method, path), k in list(kinds.items()):
         if method.startswith("task.run:"):

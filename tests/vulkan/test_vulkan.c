@@ -1553,6 +1553,18 @@ static void t_raw_pad_import(void **state) {
   close(fd);
 }
 
+/* Skips a test of raw kernels' bounded accesses on a device that does not
+ * bound them (robust_raw 0: no pipeline robustness with robustBufferAccess2,
+ * as protocol.md says). */
+#define skip_unless_robust_raw()                                                              \
+  do {                                                                                        \
+    if (!D->robust_raw) {                                                                     \
+      print_message("%s offers no pipeline robustness with robustBufferAccess2: raw kernels " \
+                    "are not bounded there\n", D->name);                                      \
+      skip();                                                                                 \
+    }                                                                                         \
+  } while (0)
+
 /* A raw kernel's accesses stay within its tensors where the device bounds
  * them (robust_raw): one tensor is words 16..31 of a block of 64 that holds
  * a pattern (the rest of the block: another tensor's, another user's); the
@@ -1563,11 +1575,7 @@ static void t_raw_pad_import(void **state) {
  * means) skips the test. */
 static void t_raw_bounded(void **state) {
   (void)state;
-  if (!D->robust_raw) {
-    print_message("%s offers no pipeline robustness with robustBufferAccess2: raw kernels "
-                  "are not bounded there\n", D->name);
-    skip();
-  }
+  skip_unless_robust_raw();
   static const char src[] =
       "#version 450\n"
       "layout(local_size_x = 1) in;\n"
@@ -1867,11 +1875,7 @@ static const char raw_wrap_asm[] =
 
 static void t_raw_wrap(void **state) {
   (void)state;
-  if (!D->robust_raw) {
-    print_message("%s offers no pipeline robustness with robustBufferAccess2: raw kernels "
-                  "are not bounded there\n", D->name);
-    skip();
-  }
+  skip_unless_robust_raw();
   static const char rt[] =
       "#version 450\n"
       "layout(local_size_x = 1) in;\n"
