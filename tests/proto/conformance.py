@@ -212,6 +212,17 @@ class Conn:
         self.fds = []
 
 
+def expect_wording(c, method, path, params, want):
+    """The call answers EINVAL with exactly the message want (a memfd sent
+    along with buffer.import's params, closed after)."""
+    fds = [memfd(4096)] if method == "buffer.import" else None
+    e = expect(c.call(method, params, fds=fds), "EINVAL")
+    check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
+    for fd in fds or ():
+        os.close(fd)
+    return e
+
+
 def protocol_params(js, op_method=lambda op: "task.run"):
     """(method, path, param) of every parameter protocol.json lists, nested
     fields and array items' fields included (path "a.b", "a[].b"); an op's
@@ -1072,12 +1083,8 @@ def uint_words(env):
         words = UINT_WORDS[path.rsplit(".", 1)[-1].split(" ")[-1]]
         for v, what in (("x", "a string of 1 byte"), (-1, "the integer -1"),
                         (1.0, "the float 1.0"), ([], "an array of 0 items")):
-            fds = [memfd(4096)] if method == "buffer.import" else None
-            e = expect(c.call(method, params(v), fds=fds), "EINVAL")
-            want = "%s: expected %s, got %s" % (name, words, what)
-            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
-            for fd in fds or ():
-                os.close(fd)
+            expect_wording(c, method, path, params(v), "%s: expected %s, got %s"
+                           % (name, words, what))
         if required:
             a = params(None)
             fds = [memfd(4096)] if method == "buffer.import" else None
@@ -1191,12 +1198,8 @@ def kind_words(env):
         if typ == "str" or typ == "enum":
             wrong += [(b"x", "binary data of 1 byte")]
         for v, what in wrong:
-            fds = [memfd(4096)] if method == "buffer.import" else None
-            e = expect(c.call(method, params(v), fds=fds), "EINVAL")
-            want = "%s: expected %s, got %s" % (name, words, what)
-            check(e["message"] == want, "%s %s: %r, want %r" % (method, path, e["message"], want))
-            for fd in fds or ():
-                os.close(fd)
+            expect_wording(c, method, path, params(v), "%s: expected %s, got %s"
+                           % (name, words, what))
         if method == "cache.clear":
             continue  # left out it clears the cache
         a = params(None)
