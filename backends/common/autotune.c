@@ -541,6 +541,10 @@ int dspk__autotune_choose(struct dspk__cache *cache,
       break;
     }
     if (e->state == ST_TUNING) {
+      /* Another thread benchmarks this key: whatever comes next, this
+       * call waited for it (the decision may be published while this
+       * thread reports its 0 below, unlocked). */
+      found = DSPK__AUTOTUNE_WAITED;
       if (cancelled(req)) {
         rc = DSPK_ECANCELED;
         break;
@@ -563,7 +567,6 @@ int dspk__autotune_choose(struct dspk__cache *cache,
         until.tv_nsec -= 1000000000L;
       }
       pthread_cond_timedwait(&e->cv, &table_mu, &until);
-      found = DSPK__AUTOTUNE_WAITED;
       continue;
     }
     /* ST_EMPTY: this thread tunes; the others wait. */

@@ -532,6 +532,47 @@ static void test_waiter_progress(void **state) {
   pthread_cond_destroy(&p.cv);
 }
 
+/* The same, with the decision published while the waiter reports its 0
+ * (unlocked): its progress callback lets the tuner finish first.  The
+ * waiter still waited (CI under ASan, stop 48: it said MEMO, found by a
+ * race; here the interleaving is forced). */
+struct late {
+  pthread_t tuner;
+  int done;
+};
+
+static void on_late_prog(void *ud, const char *what, double f) {
+  struct late *l = ud;
+  (void)what;
+  if (f == 0.0 && !l->done) {
+    pthread_mutex_lock(&F.mu);
+    F.gate_closed = 0;
+    pthread_cond_broadcast(&F.cv);
+    pthread_mutex_unlock(&F.mu);
+    pthread_join(l->tuner, NULL); /* the decision is published */
+    l->done = 1;
+  }
+}
+
+static void test_waiter_decided_while_reporting(void **state) {
+  (void)state;
+  atomic_int entered = 0;
+  struct worker tuner = {.entered = &entered};
+  struct late l = {0};
+  F.gate_closed = 1;
+  start_tuner(&l.tuner, &tuner);
+  struct dspk__autotune_req r = base_req();
+  r.progress = on_late_prog;
+  r.progress_ud = &l;
+  int w;
+  enum dspk__autotune_how how;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, &how), 0);
+  assert_int_equal(l.done, 1);
+  assert_int_equal(tuner.rc, 0);
+  assert_int_equal(how, DSPK__AUTOTUNE_WAITED);
+  assert_int_equal(w, tuner.winner);
+}
+
 static void test_persistent_across_reopen(void **state) {
   (void)state;
   char dir[] = "/tmp/dspk-autotune-XXXXXX";
@@ -730,6 +771,7 @@ int main(void) {
       T(test_cancel),
       T(test_progress),
       T(test_waiter_progress),
+      T(test_waiter_decided_while_reporting),
       T(test_persistent_across_reopen),
       T(test_bad_requests),
       T(test_interleaved),
