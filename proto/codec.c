@@ -111,10 +111,22 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
     return dspk__fail(msg, msglen, DSPK_EPROTO, "message is not an array: got %s",
                       dspk__obj_what(root, w, sizeof w));
   e = root->via.array.ptr;
-  if (root->via.array.size < 3)
-    return dspk__fail(msg, msglen, DSPK_EPROTO,
-                "message array has %" PRIu32 " %s, expected 3 or 4",
-                root->via.array.size, root->via.array.size == 1 ? "element" : "elements");
+  uint32_t size = root->via.array.size;
+  if (size < 3) {
+    /* Too short.  A request's bad msgid is still its reason, whatever else
+     * is wrong (protocol.md, "Malformed input"; probe 23 A: [0, -1] was
+     * refused for its count); a known type is told its own count. */
+    bool known = size >= 1 && e[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER && e[0].via.u64 <= 2;
+    if (known && e[0].via.u64 != DSPK__NOTIFY && size == 2 &&
+        (e[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e[1].via.u64 > UINT32_MAX))
+      return dspk__fail(msg, msglen, DSPK_EPROTO, "msgid must be a uint32: got %s",
+                        dspk__obj_what(&e[1], w, sizeof w));
+    static const char *const whose[] = {"4 for a request", "4 for a response",
+                                        "3 for a notification"};
+    return dspk__fail(msg, msglen, DSPK_EPROTO, "message array has %" PRIu32 " %s, expected %s",
+                      size, size == 1 ? "element" : "elements",
+                      known ? whose[e[0].via.u64] : "3 or 4");
+  }
   if (e[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
       e[1].via.u64 <= UINT32_MAX) {
     if (msgid_out)

@@ -296,7 +296,7 @@ int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op,
   }
   if (fn == DSPK_REDUCE_MEAN)
     for (int64_t i = 0; i < onumel * W; i++)
-      acc[i] = count ? acc[i] / (double)count : NAN;
+      acc[i] = count ? acc[i] / (double)count : -NAN; /* numpy's (x86's 0/0) */
   if (dbl) {
     double *o = dspk__cpu_ptr(O);
     for (int64_t i = 0; i < onumel * W; i++)
