@@ -1571,7 +1571,11 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   rc = submit(c, t, &ticket, true);
   if (rc != 0)
     return rc;
-  size_t took = dspk__shm_of_task(c, ticket);
+  /* Asked before the wait: its trim frees idle temporaries beyond the
+   * bound, which the daemon counted when it refused the task (probe 23 B1:
+   * an idle 4 MiB one under a 16 MiB quota, freed by the trim, and the
+   * task was not sent again). */
+  bool held = dspk__shm_of_task(c, ticket) != 0 || dspk__shm_has_idle(c);
   rc = dspk_wait(c, ticket, res);
   /* Refused for a limit (a memory quota, max_buffers) while the library's
    * own temporaries held memory, the task's or idle ones (whole 2 MiB
@@ -1580,7 +1584,7 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
    * through the socket, as with threshold 0 (an operand or result that
    * cannot cross it still takes one).  The python client's _run does the
    * same. */
-  if (rc == DSPK_ELIMIT && (dspk__shm_drop_idle(c) || took) && !c->broken) {
+  if (rc == DSPK_ELIMIT && (dspk__shm_drop_idle(c) || held) && !c->broken) {
     size_t threshold = c->shm_threshold;
     c->shm_threshold = 0;
     rc = submit(c, t, &ticket, true);

@@ -812,6 +812,14 @@ size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket) {
   return n;
 }
 
+bool dspk__shm_has_idle(dspk_client *c) {
+  leases_reclaim(c);
+  for (size_t i = 0; i < c->nshm; i++)
+    if (c->shm[i].state == 2)
+      return true;
+  return false;
+}
+
 bool dspk__shm_drop_idle(dspk_client *c) {
   bool any = false;
   leases_reclaim(c);

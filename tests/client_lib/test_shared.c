@@ -1394,6 +1394,55 @@ static void test_retry_message(void **state) {
   free(x);
 }
 
+/* dspk.h (dspk_set_shared_threshold): a dspk_run refused ELIMIT while c
+ * held idle temporaries is sent once more through the socket, its answer
+ * dspk_run's.  Under a 16 MiB max_conn_memory a 4 MiB map leaves one idle
+ * 4 MiB temporary (its result's, given back by dspk_result_free); a 6.5 MiB
+ * map (13 MiB inline) then passed the quota only for that temporary.  The
+ * wait's trim freed it (larger than the idle bound, an eighth of the
+ * quota) before dspk_run asked whether idle ones were held, so the task was
+ * not sent again and dspk_run returned the refusal, which the identical
+ * next call did not get (probe 23 B1).  With the default threshold and with
+ * 0 set after the first run: each 6.5 MiB run works, and its result is the
+ * retried task's. */
+static void test_idle_temps_rerun(void **state) {
+  char sock[160];
+  const char *const quota[] = {"--max-conn-memory", "16M", NULL};
+  const size_t small = (size_t)1 << 20, big = ((size_t)13 << 20) / 8;
+  float *x = malloc(big * sizeof(float));
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_non_null(x);
+  for (size_t i = 0; i < big; i++)
+    x[i] = -(float)(i % 1000) - 0.5f;
+  for (int thr0 = 0; thr0 <= 1; thr0++) {
+    dspk_client *c2;
+    own_daemon("rerun", quota, sock, sizeof sock, &c2);
+    dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
+    abs_task_of(&t, &in, x, small, NULL);
+    assert_int_equal(dspk_run(c2, &t, &r), 0);
+    dspk_result_free(&r);
+    assert_int_equal(temps_of(c2), 1); /* the idle temporary the next run trips on */
+    if (thr0)
+      dspk_set_shared_threshold(c2, 0);
+    abs_task_of(&t, &in, x, big, NULL);
+    for (int run = 0; run < 2; run++) {
+      if (dspk_run(c2, &t, &r) != 0)
+        fail_msg("threshold %s, run %d: %s", thr0 ? "0" : "default", run,
+                 dspk_last_error(c2));
+      assert_int_equal(r.out[0].nbytes, big * sizeof(float));
+      for (size_t i = 0; i < big; i++)
+        if (((const float *)r.out[0].data)[i] != (float)(i % 1000) + 0.5f)
+          fail_msg("threshold %s, run %d, element %zu", thr0 ? "0" : "default", run, i);
+      dspk_result_free(&r);
+    }
+    own_daemon_stop(c2, sock);
+  }
+  free(x);
+}
+
 /* A kernel task's error for tensors too large for an answer (ELIMIT, or
  * the task too large for max_message), or the refusal the task gets
  * whatever the size: the same small and large. */
@@ -1531,6 +1580,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_timeout_keeps_order, stop_own_daemon),
       cmocka_unit_test_teardown(test_temp_refused, stop_own_daemon),
       cmocka_unit_test_teardown(test_retry_message, stop_own_daemon),
+      cmocka_unit_test_teardown(test_idle_temps_rerun, stop_own_daemon),
       cmocka_unit_test_teardown(test_size_free_refusals, stop_quota_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
