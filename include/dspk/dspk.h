@@ -491,10 +491,23 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
  * the mapping where shared memory gets huge pages only on request,
  * transparent_hugepage/shmem_enabled "advise") instead of by this process:
  * the fast way to pass a large file's data (dspk-submit does so for .npy
- * inputs).  DSPK_EIO when the file is shorter, DSPK_EINVAL when
- * offset + bytes passes 2^63-1 (a file's largest offset), when bytes is 0
- * (as for dspk_shared_alloc) and when fd is negative, DSPK_ELIMIT
- * beyond RLIMIT_FSIZE as for dspk_shared_alloc.  Freed by
+ * inputs).  fd must be open for reading (not O_WRONLY, not O_PATH) on a
+ * file that can be read at an offset: a regular file, or a device such as
+ * /dev/zero or a disk.  DSPK_EINVAL, before anything is made, when fd is
+ * negative ("dspk_shared_from_file: fd -1 is no file") or names no open
+ * descriptor ("... fd N is not an open file descriptor; ..."), was opened
+ * with O_PATH or O_WRONLY, or is a directory, a pipe or FIFO, or a socket
+ * (each named: "dspk_shared_from_file: fd N is a pipe or FIFO, which
+ * cannot be read at an offset; it takes a descriptor open for reading of
+ * a file that can be read at an offset (a regular file, or a device such
+ * as /dev/zero)"), and when a device cannot be read at an offset after
+ * all ("... fd N cannot be read at an offset (Illegal seek); ...": a
+ * terminal).  DSPK_EIO when the file is shorter ("reading N bytes at
+ * offset O of file descriptor N into shared memory: the file ends before
+ * offset E") or its read fails (the system's reason), DSPK_EINVAL when
+ * offset + bytes passes 2^63-1 (a file's largest offset) and when bytes
+ * is 0 (as for dspk_shared_alloc), DSPK_ELIMIT beyond RLIMIT_FSIZE, and
+ * the other codes, as for dspk_shared_alloc.  Freed by
  * dspk_shared_free(). */
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
                                       uint64_t offset, size_t bytes, void **ptr_out,

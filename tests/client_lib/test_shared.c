@@ -407,6 +407,79 @@ static void test_shared_from_file(void **state) {
   free(fa);
 }
 
+/* dspk_shared_from_file takes a descriptor open for reading of a file that
+ * reads at an offset; every other kind is DSPK_EINVAL naming it, before
+ * anything is made (it was DSPK_EIO with the kernel's words, "Illegal
+ * seek" for a pipe, "Bad file descriptor" for a write-only one: probe 23
+ * B2).  A 1-byte read past the end says "1 byte". */
+static void test_from_file_kinds(void **state) {
+  char path[] = "/tmp/dspk-fromkind-XXXXXX", dir[] = "/tmp/dspk-fromdir-XXXXXX";
+  int pfd[2], sv[2], fd, wfd, opath, dfd, shut;
+  size_t nshm = C->nshm;
+  void *p = NULL;
+  uint64_t id = 0;
+  (void)state;
+  fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 8192), 0);
+  assert_true((wfd = open(path, O_WRONLY | O_CLOEXEC)) >= 0);
+  assert_true((opath = open(path, O_PATH | O_CLOEXEC)) >= 0);
+  unlink(path);
+  assert_non_null(mkdtemp(dir));
+  assert_true((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0);
+  rmdir(dir);
+  assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  assert_true((shut = dup(fd)) >= 0);
+  close(shut); /* a number that names no open descriptor now */
+  const struct {
+    int fd;
+    const char *says;
+  } bad[] = {
+      {pfd[0], "is a pipe or FIFO"},
+      {sv[0], "is a socket"},
+      {dfd, "is a directory"},
+      {wfd, "is open for writing only"},
+      {opath, "was opened with O_PATH"},
+      {shut, "is not an open file descriptor"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char want[96];
+    snprintf(want, sizeof want, "dspk_shared_from_file: fd %d %s", bad[i].fd, bad[i].says);
+    if (dspk_shared_from_file(C, NULL, bad[i].fd, 0, 4096, &p, &id) != DSPK_EINVAL)
+      fail_msg("fd %d (%s): %s", bad[i].fd, bad[i].says, dspk_last_error(C));
+    if (strncmp(dspk_last_error(C), want, strlen(want)) != 0)
+      fail_msg("fd %d: \"%s\", expected it to start \"%s\"", bad[i].fd,
+               dspk_last_error(C), want);
+    /* and says what is taken */
+    assert_non_null(strstr(dspk_last_error(C), "open for reading"));
+    assert_null(p);
+    assert_int_equal(C->nshm, nshm); /* nothing made, nothing asked of the daemon */
+  }
+  /* a device that reads at no offset (a pseudo-terminal's master): found
+   * out by the copy, after the import, which is freed */
+  int tty = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (tty >= 0) {
+    assert_int_equal(dspk_shared_from_file(C, NULL, tty, 0, 4096, &p, &id), DSPK_EINVAL);
+    assert_non_null(strstr(dspk_last_error(C), "cannot be read at an offset"));
+    assert_int_equal(C->nshm, nshm);
+    close(tty);
+  }
+  /* a regular file: 1 byte past its end, "1 byte" */
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, 8192, 1, &p, &id), DSPK_EIO);
+  assert_non_null(strstr(dspk_last_error(C), "reading 1 byte at offset 8192"));
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, 4096, 4096, &p, &id), 0);
+  assert_int_equal(dspk_shared_free(C, p), 0);
+  close(fd);
+  close(wfd);
+  close(opath);
+  close(dfd);
+  close(pfd[0]);
+  close(pfd[1]);
+  close(sv[0]);
+  close(sv[1]);
+}
+
 /* Big inline operands through temporaries, reused; and the plain socket. */
 static void test_auto_threshold(void **state) {
   const int m = 512, k = 1024, n = 64; /* A is 2 MiB, B 256 KiB */
@@ -1563,6 +1636,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_refused_alloc, stop_quota_daemon),
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
+      cmocka_unit_test(test_from_file_kinds),
       cmocka_unit_test(test_huge_pages),
       cmocka_unit_test(test_auto_threshold),
       cmocka_unit_test(test_wide_copy),
