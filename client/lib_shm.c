@@ -283,8 +283,20 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     return dspk__cerr(c, DSPK_ELIMIT, "shared memory: memfd_create: %s (%s)", strerror(errno),
                       errno == EMFILE ? "this process's open file limit, RLIMIT_NOFILE"
                                       : "the system's open file limit");
+  /* No memfd to be had here: a kernel without memfd_create or without
+   * sealing (ENOSYS, EINVAL, EOPNOTSUPP) is DSPK_ENOTSUP, a seccomp filter
+   * or security policy that forbids it (EPERM, EACCES) DSPK_EPERM, as the
+   * Python client says them (docs/python.md): not "out of memory", which
+   * freeing memory would cure (probe 23 B3). */
+  if (fd < 0 && (errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
+    return dspk__cerr(c, DSPK_ENOTSUP, "shared memory is unavailable on this system "
+                      "(memfd_create: %s)", strerror(errno));
+  if (fd < 0 && (errno == EPERM || errno == EACCES))
+    return dspk__cerr(c, DSPK_EPERM, "shared memory is unavailable to this process "
+                      "(memfd_create: %s; a seccomp filter or security policy forbids it)",
+                      strerror(errno));
   if (fd < 0)
-    return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
+    return dspk__cerr(c, DSPK_ENOMEM, "shared memory: memfd_create: %s", strerror(errno));
   dspk__nofsz_begin(&g);
   rc = n > (size_t)INT64_MAX ? (errno = EFBIG, -1) : ftruncate(fd, (off_t)n);
   e = errno;
@@ -302,8 +314,15 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     close(fd);
     return rc;
   }
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
-      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    /* A memfd that takes no seals (a kernel without them): the daemon
+     * imports only sealed ones (protocol.md, buffer.import). */
+    rc = dspk__cerr(c, DSPK_ENOTSUP, "shared memory is unavailable on this system (sealing "
+                    "a memfd: %s)", strerror(errno));
+    close(fd);
+    return rc;
+  }
+  if ((p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
     /* Before the daemon is asked: more than this process can map (its
      * address space: 2^47 bytes on x86-64 with 4-level page tables, less
      * what is mapped already, or RLIMIT_AS). */

@@ -472,7 +472,13 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
  * is DSPK_ELIMIT too, with a dspk_last_error() that names it, and so is no
  * descriptor left for the memfd (EMFILE: "... (this process's open file
- * limit, RLIMIT_NOFILE)", ENFILE: the system's).  bytes above
+ * limit, RLIMIT_NOFILE)", ENFILE: the system's).  Where this process can
+ * have no memfd it is DSPK_ENOTSUP ("shared memory is unavailable on this
+ * system (memfd_create: Function not implemented)": a kernel without
+ * memfd_create or sealing, ENOSYS, EINVAL, EOPNOTSUPP) or DSPK_EPERM
+ * ("shared memory is unavailable to this process (memfd_create:
+ * Operation not permitted; ...)": a seccomp filter or security policy
+ * that forbids it, EPERM, EACCES), never DSPK_ENOMEM.  bytes above
  * 2^63-1 (a file's largest size) are DSPK_EINVAL ("dspk_shared_alloc:
  * bytes N passes a file's largest size (2^63-1)"), and a size this process
  * cannot map (its address space: 2^47 bytes on x86-64 with 4-level page
@@ -627,12 +633,14 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
  * temporaries frees them and is tried once more.  A temporary that cannot
  * be had all the same (refused by the daemon: max_buffers, a quota; or no
- * shared memory here, RLIMIT_FSIZE below its size included) is no failure of the task: its operand or result
+ * shared memory here, RLIMIT_FSIZE below its size and no memfd_create
+ * included) is no failure of the task: its operand or result
  * crosses the socket instead, as with threshold 0.  Only one that cannot
  * (an operand of half dspk_max_message or more, a result of more than
  * dspk_max_message - 1024 bytes) fails then, before anything is sent,
- * with the refusal's code and a dspk_last_error() that says a shared
- * temporary was refused.
+ * with the refusal's code (dspk_shared_alloc's: DSPK_ENOTSUP or DSPK_EPERM
+ * where no memfd can be had) and a dspk_last_error() that says a shared
+ * temporary was refused, and why.
  * None is made (the bytes cross the socket) where it, whole 2 MiB units,
  * would pass, with c's shared memory on cpu:0 and the task's own inline
  * operands and result, what hello's cpu_memory_quota lets the connection

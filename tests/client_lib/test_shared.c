@@ -29,7 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -1516,6 +1519,97 @@ static void test_idle_temps_rerun(void **state) {
   free(x);
 }
 
+/* Makes memfd_create fail with err in this process from now on (a seccomp
+ * filter, as a container's or a systemd unit's can). */
+static int block_memfd(int err) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_memfd_create, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)err & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+  struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return -1;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* In a child whose memfd_create fails with err: dspk_shared_alloc, and a
+ * dspk_run whose operand (600 KiB under a 1 MiB max_message) cannot cross
+ * the socket, fail with want and say that shared memory is unavailable; an
+ * operand that can cross it still works.  The child's exit status: 0, or
+ * the step that failed (its message on stderr). */
+static int memfd_blocked(const char *sock, int err, int want) {
+  const size_t big = (size_t)600 << 10, small = (size_t)100 << 10;
+  float *x = malloc(big);
+  dspk_client *c;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  void *p = NULL;
+  uint64_t id;
+  int rc;
+  if (!x || dspk_connect(sock, "memfd_blocked", &c) != 0)
+    return 1;
+  for (size_t i = 0; i < big / sizeof(float); i++)
+    x[i] = -(float)(i % 1000);
+  if (block_memfd(err) != 0)
+    return 2;
+  if ((rc = dspk_shared_alloc(c, "cpu:0", 4096, &p, &id)) != want ||
+      !strstr(dspk_last_error(c), "shared memory is unavailable") ||
+      !strstr(dspk_last_error(c), strerror(err))) {
+    fprintf(stderr, "dspk_shared_alloc: %d %s\n", rc, dspk_last_error(c));
+    return 3;
+  }
+  abs_task_of(&t, &in, x, big / sizeof(float), NULL);
+  if ((rc = dspk_run(c, &t, &r)) != want ||
+      !strstr(dspk_last_error(c), "cannot cross the socket") ||
+      !strstr(dspk_last_error(c), "shared memory is unavailable")) {
+    fprintf(stderr, "dspk_run of 600 KiB: %d %s\n", rc, dspk_last_error(c));
+    return 4;
+  }
+  dspk_set_shared_threshold(c, 4096); /* a temporary wanted, not needed: the socket */
+  abs_task_of(&t, &in, x, small / sizeof(float), NULL);
+  if ((rc = dspk_run(c, &t, &r)) != 0) {
+    fprintf(stderr, "dspk_run of 100 KiB: %d %s\n", rc, dspk_last_error(c));
+    return 5;
+  }
+  for (size_t i = 0; i < small / sizeof(float); i++)
+    if (((const float *)r.out[0].data)[i] != (float)(i % 1000))
+      return 6;
+  dspk_result_free(&r);
+  dspk_close(c);
+  free(x);
+  return 0;
+}
+
+/* No memfd_create here (ENOSYS: a kernel without it, or a seccomp filter
+ * that says so; EPERM: one that forbids it) was DSPK_ENOMEM "memfd_create:
+ * Function not implemented", for dspk_shared_alloc and for an operand that
+ * needed a temporary (probe 23 B3).  Now DSPK_ENOTSUP and DSPK_EPERM, saying
+ * that shared memory is unavailable, as the Python client's NotSupported
+ * and PermissionDenied. */
+static void test_no_memfd(void **state) {
+  char sock[160];
+  const char *const small[] = {"--max-message", "1M", NULL};
+  const int errs[][2] = {{ENOSYS, DSPK_ENOTSUP}, {EPERM, DSPK_EPERM}, {EACCES, DSPK_EPERM}};
+  dspk_client *c2;
+  (void)state;
+  own_daemon("nomemfd", small, sock, sizeof sock, &c2);
+  for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+    int st;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+      _exit(memfd_blocked(sock, errs[i][0], errs[i][1]));
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      fail_msg("memfd_create failing with %s: step %d failed", strerror(errs[i][0]),
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  }
+  assert_int_equal(dspk_ping(c2, NULL, 0), 0);
+  own_daemon_stop(c2, sock);
+}
+
 /* A kernel task's error for tensors too large for an answer (ELIMIT, or
  * the task too large for max_message), or the refusal the task gets
  * whatever the size: the same small and large. */
@@ -1655,6 +1749,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_temp_refused, stop_own_daemon),
       cmocka_unit_test_teardown(test_retry_message, stop_own_daemon),
       cmocka_unit_test_teardown(test_idle_temps_rerun, stop_own_daemon),
+      cmocka_unit_test_teardown(test_no_memfd, stop_own_daemon),
       cmocka_unit_test_teardown(test_size_free_refusals, stop_quota_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
