@@ -192,10 +192,10 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
     return dspk__argerr(c, "dspk_ping: data is NULL and n is %zu", n);
   rc = call(c, &a, &r);
   if (rc == DSPK_ELIMIT && n > dspk_ping_max(c))
-    return dspk__cerr(c, rc, "dspk_ping: a payload of %zu bytes with its request's framing "
+    return dspk__cerr(c, rc, "dspk_ping: a payload of %zu byte%s with its request's framing "
                       "exceeds the daemon's %zu-byte message limit (max_message); "
                       "dspk_ping_max() bytes (%zu) or less always fit",
-                      n, c->send_max, dspk_ping_max(c));
+                      n, dspk__s(n), c->send_max, dspk_ping_max(c));
   if (rc != 0)
     return rc;
   echo = a.res[DSPK__R_PING_DATA].v.s.p;
@@ -661,8 +661,8 @@ static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const
    * piece within it. */
   if (n > piece) {
     int k = snprintf(c->err, sizeof c->err, "dspk_buffer_%s of %zu bytes at offset %" PRIu64
-                     ": the piece of %zu bytes at offset %" PRIu64 ": ", what, n, offset,
-                     bad_len, bad_off);
+                     ": the piece of %zu byte%s at offset %" PRIu64 ": ", what, n, offset,
+                     bad_len, dspk__s(bad_len), bad_off);
     if (k > 0 && (size_t)k < sizeof c->err) { /* the piece's error after it, as it fits */
       size_t m = strnlen(err, sizeof c->err - (size_t)k - 1);
       memcpy(c->err + k, err, m);
@@ -1204,11 +1204,11 @@ static int kernel_fits(dspk_client *c, const dspk_task *t) {
   if ((rc = device_refused(c, t->device ? t->device : "any")) != 0 ||
       (rc = kernel_refused(c, t)) != 0)
     return rc;
-  return dspk__cerr(c, DSPK_ELIMIT, "kernel: its inline tensors total %zu bytes and come "
+  return dspk__cerr(c, DSPK_ELIMIT, "kernel: its inline tensors total %zu byte%s and come "
                     "back inline, more than an answer of the daemon carries (its %zu-byte "
                     "max_message less %d); pass big tensors as buffer references (is_ref: "
                     "dspk_buffer_create and dspk_buffer_write, or dspk_shared_alloc)",
-                    n, c->send_max, DSPK__RESULT_FRAMING);
+                    n, dspk__s(n), c->send_max, DSPK__RESULT_FRAMING);
 }
 
 /* Writes into buf what sends the inline operands of t (on device, the
@@ -1268,18 +1268,20 @@ static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, 
       (t->op == DSPK_OP_KERNEL && (rc = kernel_refused(c, t)) != 0))
     return rc;
   if (t->op == DSPK_OP_KERNEL)
-    snprintf(src, sizeof src, " (a raw kernel's source of %zu bytes)", t->kernel.source_len);
+    snprintf(src, sizeof src, " (a raw kernel's source of %zu byte%s)", t->kernel.source_len,
+             dspk__s(t->kernel.source_len));
   if (inl == 0 || total - inl >= c->send_max)
     return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
-                      "%zu-byte message limit (max_message), its inline operands' %zu bytes "
-                      "aside%s: too small a limit for this task", total, c->send_max, inl, src);
+                      "%zu-byte message limit (max_message), its inline operands' %zu byte%s "
+                      "aside%s: too small a limit for this task", total, c->send_max, inl,
+                      dspk__s(inl), src);
   if (t->op == DSPK_OP_KERNEL)
     return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                       "%zu-byte message limit (max_message): a raw kernel's source (%zu "
-                      "bytes) and inline tensors (%zu bytes) go in it; pass big tensors as "
+                      "byte%s) and inline tensors (%zu byte%s) go in it; pass big tensors as "
                       "buffer references (is_ref: dspk_buffer_create and dspk_buffer_write, "
                       "or dspk_shared_alloc)", total, c->send_max, t->kernel.source_len,
-                      inl);
+                      dspk__s(t->kernel.source_len), inl, dspk__s(inl));
   shm_remedy(c, t, device, shm, task_bytes, remedy, sizeof remedy);
   return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                     "%zu-byte message limit (max_message); pass big operands through "
@@ -1571,7 +1573,11 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   rc = submit(c, t, &ticket, true);
   if (rc != 0)
     return rc;
-  size_t took = dspk__shm_of_task(c, ticket);
+  /* Asked before the wait: its trim frees idle temporaries beyond the
+   * bound, which the daemon counted when it refused the task (probe 23 B1:
+   * an idle 4 MiB one under a 16 MiB quota, freed by the trim, and the
+   * task was not sent again). */
+  bool held = dspk__shm_of_task(c, ticket) != 0 || dspk__shm_has_idle(c);
   rc = dspk_wait(c, ticket, res);
   /* Refused for a limit (a memory quota, max_buffers) while the library's
    * own temporaries held memory, the task's or idle ones (whole 2 MiB
@@ -1580,7 +1586,7 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
    * through the socket, as with threshold 0 (an operand or result that
    * cannot cross it still takes one).  The python client's _run does the
    * same. */
-  if (rc == DSPK_ELIMIT && (dspk__shm_drop_idle(c) || took) && !c->broken) {
+  if (rc == DSPK_ELIMIT && (dspk__shm_drop_idle(c) || held) && !c->broken) {
     size_t threshold = c->shm_threshold;
     c->shm_threshold = 0;
     rc = submit(c, t, &ticket, true);

@@ -1675,7 +1675,7 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
       p = v[DSPK__R_BREAD_DATA].v.s.p;
       len = v[DSPK__R_BREAD_DATA].v.s.n;
       if (len != n)
-        rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", n);
+        rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu byte%s", n, dspk__s(n));
       else if (n)
         memcpy(dst, p, n);
     }

@@ -340,6 +340,10 @@ void dspk__shm_freed(dspk_client *c, uint64_t id);
 /* Frees every idle temporary (a refused allocation is then tried again):
  * whether there was any. */
 bool dspk__shm_drop_idle(dspk_client *c);
+/* Whether c holds idle temporaries (those whose lent results were freed
+ * included): daemon buffers that count toward the quotas a task may be
+ * refused for. */
+bool dspk__shm_has_idle(dspk_client *c);
 /* Whether "any" can be nothing but cpu:0 (the daemon has no hardware
  * device), where a temporary is made for a task on "any": learned once
  * with a `devices` call (which waits), c->shm_any then. */

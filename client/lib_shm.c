@@ -39,11 +39,13 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client/lib_internal.h"
 #include "proto/schema.h"
 #include "proto/testhook.h"
+#include "proto/utf8.h"
 
 #define SHM_IDLE_MAX 6
 /* SHM_IDLE_BYTES (lib_internal.h): idle temporaries kept, together, at most */
@@ -281,8 +283,20 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     return dspk__cerr(c, DSPK_ELIMIT, "shared memory: memfd_create: %s (%s)", strerror(errno),
                       errno == EMFILE ? "this process's open file limit, RLIMIT_NOFILE"
                                       : "the system's open file limit");
+  /* No memfd to be had here: a kernel without memfd_create or without
+   * sealing (ENOSYS, EINVAL, EOPNOTSUPP) is DSPK_ENOTSUP, a seccomp filter
+   * or security policy that forbids it (EPERM, EACCES) DSPK_EPERM, as the
+   * Python client says them (docs/python.md): not "out of memory", which
+   * freeing memory would cure (probe 23 B3). */
+  if (fd < 0 && (errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
+    return dspk__cerr(c, DSPK_ENOTSUP, "shared memory is unavailable on this system "
+                      "(memfd_create: %s)", strerror(errno));
+  if (fd < 0 && (errno == EPERM || errno == EACCES))
+    return dspk__cerr(c, DSPK_EPERM, "shared memory is unavailable to this process "
+                      "(memfd_create: %s; a seccomp filter or security policy forbids it)",
+                      strerror(errno));
   if (fd < 0)
-    return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
+    return dspk__cerr(c, DSPK_ENOMEM, "shared memory: memfd_create: %s", strerror(errno));
   dspk__nofsz_begin(&g);
   rc = n > (size_t)INT64_MAX ? (errno = EFBIG, -1) : ftruncate(fd, (off_t)n);
   e = errno;
@@ -291,21 +305,29 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     struct rlimit rl;
     if (e == EFBIG && getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         (uint64_t)n > (uint64_t)rl.rlim_cur)
-      rc = dspk__cerr(c, DSPK_ELIMIT, "shared memory of %zu bytes: more than this process's "
-                      "file size limit (RLIMIT_FSIZE, %llu bytes)", n,
-                      (unsigned long long)rl.rlim_cur);
+      rc = dspk__cerr(c, DSPK_ELIMIT, "shared memory of %zu byte%s: more than this process's "
+                      "file size limit (RLIMIT_FSIZE, %llu byte%s)", n, dspk__s(n),
+                      (unsigned long long)rl.rlim_cur, dspk__s(rl.rlim_cur));
     else
-      rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n, strerror(e));
+      rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu byte%s: %s", n, dspk__s(n),
+                      strerror(e));
     close(fd);
     return rc;
   }
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
-      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    /* A memfd that takes no seals (a kernel without them): the daemon
+     * imports only sealed ones (protocol.md, buffer.import). */
+    rc = dspk__cerr(c, DSPK_ENOTSUP, "shared memory is unavailable on this system (sealing "
+                    "a memfd: %s)", strerror(errno));
+    close(fd);
+    return rc;
+  }
+  if ((p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
     /* Before the daemon is asked: more than this process can map (its
      * address space: 2^47 bytes on x86-64 with 4-level page tables, less
      * what is mapped already, or RLIMIT_AS). */
-    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: more than this process can "
-                    "map (mmap: %s)", n, strerror(errno));
+    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu byte%s: more than this process can "
+                    "map (mmap: %s)", n, dspk__s(n), strerror(errno));
     close(fd);
     return rc;
   }
@@ -361,13 +383,21 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     dspk__nofsz_end(&g);
   }
   if (src >= 0 && rc != 0) {
-    rc = rc < 0 ? dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
-                             "descriptor %d into shared memory: the file ends before "
-                             "offset %llu", n, (unsigned long long)off, src,
-                             (unsigned long long)off + n)
-                : dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
-                             "descriptor %d into shared memory: %s",
-                             n, (unsigned long long)off, src, strerror(rc));
+    /* A device that reads at no offset (a terminal, ESPIPE from pread;
+     * EINVAL from sendfile) is the caller's descriptor, as a pipe is
+     * (from_file_fd_check); other errors are the file's I/O. */
+    if (rc == ESPIPE || rc == EINVAL)
+      rc = dspk__argerr(c, "dspk_shared_from_file: fd %d cannot be read at an offset (%s); "
+                        "it takes a descriptor open for reading of a regular file, or of a "
+                        "device such as /dev/zero", src, strerror(rc));
+    else if (rc < 0)
+      rc = dspk__cerr(c, DSPK_EIO, "reading %zu byte%s at offset %llu of file descriptor %d "
+                      "into shared memory: the file ends before offset %llu", n, dspk__s(n),
+                      (unsigned long long)off, src, (unsigned long long)off + n);
+    else
+      rc = dspk__cerr(c, DSPK_EIO, "reading %zu byte%s at offset %llu of file descriptor %d "
+                      "into shared memory: %s", n, dspk__s(n), (unsigned long long)off, src,
+                      strerror(rc));
     buffer_free_keep_err(c, id);
     munmap(p, n);
     close(fd);
@@ -432,6 +462,39 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
   return 0;
 }
 
+/* What dspk_shared_from_file reads: a descriptor open for reading of a
+ * file that reads at an offset (pread, sendfile), a regular file or a
+ * device such as /dev/zero or a disk.  Every other kind is DSPK_EINVAL,
+ * named, before a memfd is made or the daemon asked (the copy failed with
+ * the kernel's words only, DSPK_EIO "Illegal seek" for a pipe, "Bad file
+ * descriptor" for a write-only one: probe 23 B2).  0 or DSPK_EINVAL. */
+static int from_file_fd_check(dspk_client *c, int fd) {
+  static const char takes[] = "it takes a descriptor open for reading "
+                              "of a file that can be read at an offset (a regular file, or "
+                              "a device such as /dev/zero)";
+  const char *kind = NULL;
+  struct stat st;
+  int fl = fcntl(fd, F_GETFL);
+
+  if (fl < 0 || fstat(fd, &st) != 0)
+    return dspk__argerr(c, "dspk_shared_from_file: fd %d is not an open file descriptor; %s",
+                        fd, takes);
+  if (fl & O_PATH)
+    return dspk__argerr(c, "dspk_shared_from_file: fd %d was opened with O_PATH, which reads "
+                        "nothing; %s", fd, takes);
+  if (S_ISDIR(st.st_mode))
+    kind = "is a directory";
+  else if (S_ISFIFO(st.st_mode))
+    kind = "is a pipe or FIFO, which cannot be read at an offset";
+  else if (S_ISSOCK(st.st_mode))
+    kind = "is a socket, which cannot be read at an offset";
+  else if ((fl & O_ACCMODE) == O_WRONLY)
+    kind = "is open for writing only";
+  if (kind)
+    return dspk__argerr(c, "dspk_shared_from_file: fd %d %s; %s", fd, kind, takes);
+  return 0;
+}
+
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
                                       uint64_t offset, size_t bytes, void **ptr_out,
                                       uint64_t *id_out) {
@@ -446,6 +509,8 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
   if (offset > (uint64_t)INT64_MAX || (uint64_t)bytes > (uint64_t)INT64_MAX - offset)
     return dspk__argerr(c, "dspk_shared_from_file: offset %llu + bytes %zu passes a file's "
                         "largest offset (2^63-1)", (unsigned long long)offset, bytes);
+  if ((rc = from_file_fd_check(c, fd)) != 0)
+    return rc;
   rc = shm_new_from(c, device ? device : "cpu:0", bytes, 0, fd, offset, &s);
   if (rc != 0)
     return rc;
@@ -810,6 +875,14 @@ size_t dspk__shm_of_task(const dspk_client *c, uint32_t ticket) {
   for (size_t i = 0; ticket && i < c->nshm; i++)
     n += c->shm[i].state == 1 && c->shm[i].ticket == ticket;
   return n;
+}
+
+bool dspk__shm_has_idle(dspk_client *c) {
+  leases_reclaim(c);
+  for (size_t i = 0; i < c->nshm; i++)
+    if (c->shm[i].state == 2)
+      return true;
+  return false;
 }
 
 bool dspk__shm_drop_idle(dspk_client *c) {

@@ -472,7 +472,13 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
  * is DSPK_ELIMIT too, with a dspk_last_error() that names it, and so is no
  * descriptor left for the memfd (EMFILE: "... (this process's open file
- * limit, RLIMIT_NOFILE)", ENFILE: the system's).  bytes above
+ * limit, RLIMIT_NOFILE)", ENFILE: the system's).  Where this process can
+ * have no memfd it is DSPK_ENOTSUP ("shared memory is unavailable on this
+ * system (memfd_create: Function not implemented)": a kernel without
+ * memfd_create or sealing, ENOSYS, EINVAL, EOPNOTSUPP) or DSPK_EPERM
+ * ("shared memory is unavailable to this process (memfd_create:
+ * Operation not permitted; ...)": a seccomp filter or security policy
+ * that forbids it, EPERM, EACCES), never DSPK_ENOMEM.  bytes above
  * 2^63-1 (a file's largest size) are DSPK_EINVAL ("dspk_shared_alloc:
  * bytes N passes a file's largest size (2^63-1)"), and a size this process
  * cannot map (its address space: 2^47 bytes on x86-64 with 4-level page
@@ -491,10 +497,23 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
  * the mapping where shared memory gets huge pages only on request,
  * transparent_hugepage/shmem_enabled "advise") instead of by this process:
  * the fast way to pass a large file's data (dspk-submit does so for .npy
- * inputs).  DSPK_EIO when the file is shorter, DSPK_EINVAL when
- * offset + bytes passes 2^63-1 (a file's largest offset), when bytes is 0
- * (as for dspk_shared_alloc) and when fd is negative, DSPK_ELIMIT
- * beyond RLIMIT_FSIZE as for dspk_shared_alloc.  Freed by
+ * inputs).  fd must be open for reading (not O_WRONLY, not O_PATH) on a
+ * file that can be read at an offset: a regular file, or a device such as
+ * /dev/zero or a disk.  DSPK_EINVAL, before anything is made, when fd is
+ * negative ("dspk_shared_from_file: fd -1 is no file") or names no open
+ * descriptor ("... fd N is not an open file descriptor; ..."), was opened
+ * with O_PATH or O_WRONLY, or is a directory, a pipe or FIFO, or a socket
+ * (each named: "dspk_shared_from_file: fd N is a pipe or FIFO, which
+ * cannot be read at an offset; it takes a descriptor open for reading of
+ * a file that can be read at an offset (a regular file, or a device such
+ * as /dev/zero)"), and when a device cannot be read at an offset after
+ * all ("... fd N cannot be read at an offset (Illegal seek); ...": a
+ * terminal).  DSPK_EIO when the file is shorter ("reading N bytes at
+ * offset O of file descriptor N into shared memory: the file ends before
+ * offset E") or its read fails (the system's reason), DSPK_EINVAL when
+ * offset + bytes passes 2^63-1 (a file's largest offset) and when bytes
+ * is 0 (as for dspk_shared_alloc), DSPK_ELIMIT beyond RLIMIT_FSIZE, and
+ * the other codes, as for dspk_shared_alloc.  Freed by
  * dspk_shared_free(). */
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
                                       uint64_t offset, size_t bytes, void **ptr_out,
@@ -614,12 +633,14 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
  * temporaries frees them and is tried once more.  A temporary that cannot
  * be had all the same (refused by the daemon: max_buffers, a quota; or no
- * shared memory here, RLIMIT_FSIZE below its size included) is no failure of the task: its operand or result
+ * shared memory here, RLIMIT_FSIZE below its size and no memfd_create
+ * included) is no failure of the task: its operand or result
  * crosses the socket instead, as with threshold 0.  Only one that cannot
  * (an operand of half dspk_max_message or more, a result of more than
  * dspk_max_message - 1024 bytes) fails then, before anything is sent,
- * with the refusal's code and a dspk_last_error() that says a shared
- * temporary was refused.
+ * with the refusal's code (dspk_shared_alloc's: DSPK_ENOTSUP or DSPK_EPERM
+ * where no memfd can be had) and a dspk_last_error() that says a shared
+ * temporary was refused, and why.
  * None is made (the bytes cross the socket) where it, whole 2 MiB units,
  * would pass, with c's shared memory on cpu:0 and the task's own inline
  * operands and result, what hello's cpu_memory_quota lets the connection

@@ -363,6 +363,23 @@ def _os_error(what: str, e: OSError) -> Error:
     return _errors.IOFailure(text)
 
 
+def _memfd_error(e: OSError) -> Error:
+    """The dspk.Error for an OSError of memfd_create, in libdspkclient's words and codes
+    (dspk.h, dspk_shared_alloc): no memfd on this kernel (ENOSYS, EINVAL, EOPNOTSUPP)
+    dspk.NotSupported, one forbidden to this process (EPERM, EACCES: a seccomp filter
+    or security policy) dspk.PermissionDenied, both saying that shared memory is
+    unavailable (probe 23 B3: the bare "memfd_create: Function not implemented");
+    else _os_error's."""
+    if e.errno in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return _errors.NotSupported("shared memory is unavailable on this system "
+                                    "(memfd_create: %s)" % (e.strerror or e))
+    if e.errno in (errno.EPERM, errno.EACCES):
+        return _errors.PermissionDenied(
+            "shared memory is unavailable to this process (memfd_create: %s; a seccomp "
+            "filter or security policy forbids it)" % (e.strerror or e))
+    return _os_error("shared memory: memfd_create", e)
+
+
 def _shm_size_error(size: int, e: OSError) -> Error:
     """The dspk.Error for an OSError of sizing or mapping a memfd of ``size`` bytes:
     past this process's file size limit (EFBIG, RLIMIT_FSIZE below ``size``: a memfd
@@ -5030,7 +5047,9 @@ class Client:
         Raises:
             dspk.LimitExceeded: no file descriptor to be had (EMFILE, ENFILE), or the
                 daemon's limits; dspk.OutOfMemory: no memory for the memfd or the
-                mapping (and the other dspk.Error of buffer.import).
+                mapping; dspk.NotSupported: no memfd_create on this system (ENOSYS);
+                dspk.PermissionDenied: memfd_create forbidden to this process (EPERM,
+                EACCES: a seccomp filter) (and the other dspk.Error of buffer.import).
         """
         device = _device(device)
         shape_t = _shape(shape)
@@ -5067,7 +5086,7 @@ class Client:
         try:
             f = _new_memfd()
         except OSError as e:
-            raise _os_error("shared memory: memfd_create", e) from None
+            raise _memfd_error(e) from None
         res = None
         try:
             try:

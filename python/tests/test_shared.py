@@ -3,6 +3,7 @@ buffer.import / buffer.share methods, against a real daemon and numpy."""
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import gc
 import mmap
@@ -107,6 +108,30 @@ def test_shared_memory_past_the_file_size_limit(client):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, old)
     np.testing.assert_array_equal(got, x * 2)
+
+
+@pytest.mark.parametrize("err,exc,says", [
+    (errno.ENOSYS, dspk.NotSupported, "shared memory is unavailable on this system "
+                                      "(memfd_create: Function not implemented)"),
+    (errno.EPERM, dspk.PermissionDenied, "shared memory is unavailable to this process "
+                                         "(memfd_create: Operation not permitted; "),
+    (errno.EACCES, dspk.PermissionDenied, "shared memory is unavailable to this process "
+                                          "(memfd_create: Permission denied; ")])
+def test_no_memfd_is_said_so(client, monkeypatch, err, exc, says):
+    """Where this process can have no memfd (a kernel without memfd_create, a seccomp
+    filter that says ENOSYS or EPERM; here os.memfd_create made to fail so), an
+    empty_shared is dspk.NotSupported or dspk.PermissionDenied saying that shared
+    memory is unavailable, in libdspkclient's words and codes (probe 23 B3: the bare
+    "shared memory: memfd_create: Function not implemented"); the automatic path's
+    operand and result cross the socket instead."""
+    def no_memfd(*args: object) -> int:
+        raise OSError(err, os.strerror(err))
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    with pytest.raises(exc) as ei:
+        client.empty_shared((1024,), np.float32)
+    assert ei.value.message.startswith(says)
+    x = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: above the 1 MiB threshold
+    np.testing.assert_array_equal(client.map("scale", x, alpha=2.0, device="cpu:0"), x * 2)
 
 
 def test_shared_operands_and_out_against_numpy(client):

@@ -29,7 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -405,6 +408,79 @@ static void test_shared_from_file(void **state) {
   assert_int_equal(dspk_shared_free(C, b), 0);
   close(fd);
   free(fa);
+}
+
+/* dspk_shared_from_file takes a descriptor open for reading of a file that
+ * reads at an offset; every other kind is DSPK_EINVAL naming it, before
+ * anything is made (it was DSPK_EIO with the kernel's words, "Illegal
+ * seek" for a pipe, "Bad file descriptor" for a write-only one: probe 23
+ * B2).  A 1-byte read past the end says "1 byte". */
+static void test_from_file_kinds(void **state) {
+  char path[] = "/tmp/dspk-fromkind-XXXXXX", dir[] = "/tmp/dspk-fromdir-XXXXXX";
+  int pfd[2], sv[2], fd, wfd, opath, dfd, shut;
+  size_t nshm = C->nshm;
+  void *p = NULL;
+  uint64_t id = 0;
+  (void)state;
+  fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 8192), 0);
+  assert_true((wfd = open(path, O_WRONLY | O_CLOEXEC)) >= 0);
+  assert_true((opath = open(path, O_PATH | O_CLOEXEC)) >= 0);
+  unlink(path);
+  assert_non_null(mkdtemp(dir));
+  assert_true((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0);
+  rmdir(dir);
+  assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  assert_true((shut = dup(fd)) >= 0);
+  close(shut); /* a number that names no open descriptor now */
+  const struct {
+    int fd;
+    const char *says;
+  } bad[] = {
+      {pfd[0], "is a pipe or FIFO"},
+      {sv[0], "is a socket"},
+      {dfd, "is a directory"},
+      {wfd, "is open for writing only"},
+      {opath, "was opened with O_PATH"},
+      {shut, "is not an open file descriptor"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char want[96];
+    snprintf(want, sizeof want, "dspk_shared_from_file: fd %d %s", bad[i].fd, bad[i].says);
+    if (dspk_shared_from_file(C, NULL, bad[i].fd, 0, 4096, &p, &id) != DSPK_EINVAL)
+      fail_msg("fd %d (%s): %s", bad[i].fd, bad[i].says, dspk_last_error(C));
+    if (strncmp(dspk_last_error(C), want, strlen(want)) != 0)
+      fail_msg("fd %d: \"%s\", expected it to start \"%s\"", bad[i].fd,
+               dspk_last_error(C), want);
+    /* and says what is taken */
+    assert_non_null(strstr(dspk_last_error(C), "open for reading"));
+    assert_null(p);
+    assert_int_equal(C->nshm, nshm); /* nothing made, nothing asked of the daemon */
+  }
+  /* a device that reads at no offset (a pseudo-terminal's master): found
+   * out by the copy, after the import, which is freed */
+  int tty = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (tty >= 0) {
+    assert_int_equal(dspk_shared_from_file(C, NULL, tty, 0, 4096, &p, &id), DSPK_EINVAL);
+    assert_non_null(strstr(dspk_last_error(C), "cannot be read at an offset"));
+    assert_int_equal(C->nshm, nshm);
+    close(tty);
+  }
+  /* a regular file: 1 byte past its end, "1 byte" */
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, 8192, 1, &p, &id), DSPK_EIO);
+  assert_non_null(strstr(dspk_last_error(C), "reading 1 byte at offset 8192"));
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, 4096, 4096, &p, &id), 0);
+  assert_int_equal(dspk_shared_free(C, p), 0);
+  close(fd);
+  close(wfd);
+  close(opath);
+  close(dfd);
+  close(pfd[0]);
+  close(pfd[1]);
+  close(sv[0]);
+  close(sv[1]);
 }
 
 /* Big inline operands through temporaries, reused; and the plain socket. */
@@ -1394,6 +1470,146 @@ static void test_retry_message(void **state) {
   free(x);
 }
 
+/* dspk.h (dspk_set_shared_threshold): a dspk_run refused ELIMIT while c
+ * held idle temporaries is sent once more through the socket, its answer
+ * dspk_run's.  Under a 16 MiB max_conn_memory a 4 MiB map leaves one idle
+ * 4 MiB temporary (its result's, given back by dspk_result_free); a 6.5 MiB
+ * map (13 MiB inline) then passed the quota only for that temporary.  The
+ * wait's trim freed it (larger than the idle bound, an eighth of the
+ * quota) before dspk_run asked whether idle ones were held, so the task was
+ * not sent again and dspk_run returned the refusal, which the identical
+ * next call did not get (probe 23 B1).  With the default threshold and with
+ * 0 set after the first run: each 6.5 MiB run works, and its result is the
+ * retried task's. */
+static void test_idle_temps_rerun(void **state) {
+  char sock[160];
+  const char *const quota[] = {"--max-conn-memory", "16M", NULL};
+  const size_t small = (size_t)1 << 20, big = ((size_t)13 << 20) / 8;
+  float *x = malloc(big * sizeof(float));
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_non_null(x);
+  for (size_t i = 0; i < big; i++)
+    x[i] = -(float)(i % 1000) - 0.5f;
+  for (int thr0 = 0; thr0 <= 1; thr0++) {
+    dspk_client *c2;
+    own_daemon("rerun", quota, sock, sizeof sock, &c2);
+    dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
+    abs_task_of(&t, &in, x, small, NULL);
+    assert_int_equal(dspk_run(c2, &t, &r), 0);
+    dspk_result_free(&r);
+    assert_int_equal(temps_of(c2), 1); /* the idle temporary the next run trips on */
+    if (thr0)
+      dspk_set_shared_threshold(c2, 0);
+    abs_task_of(&t, &in, x, big, NULL);
+    for (int run = 0; run < 2; run++) {
+      if (dspk_run(c2, &t, &r) != 0)
+        fail_msg("threshold %s, run %d: %s", thr0 ? "0" : "default", run,
+                 dspk_last_error(c2));
+      assert_int_equal(r.out[0].nbytes, big * sizeof(float));
+      for (size_t i = 0; i < big; i++)
+        if (((const float *)r.out[0].data)[i] != (float)(i % 1000) + 0.5f)
+          fail_msg("threshold %s, run %d, element %zu", thr0 ? "0" : "default", run, i);
+      dspk_result_free(&r);
+    }
+    own_daemon_stop(c2, sock);
+  }
+  free(x);
+}
+
+/* Makes memfd_create fail with err in this process from now on (a seccomp
+ * filter, as a container's or a systemd unit's can). */
+static int block_memfd(int err) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_memfd_create, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)err & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+  struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return -1;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* In a child whose memfd_create fails with err: dspk_shared_alloc, and a
+ * dspk_run whose operand (600 KiB under a 1 MiB max_message) cannot cross
+ * the socket, fail with want and say that shared memory is unavailable; an
+ * operand that can cross it still works.  The child's exit status: 0, or
+ * the step that failed (its message on stderr). */
+static int memfd_blocked(const char *sock, int err, int want) {
+  const size_t big = (size_t)600 << 10, small = (size_t)100 << 10;
+  float *x = malloc(big);
+  dspk_client *c;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  void *p = NULL;
+  uint64_t id;
+  int rc;
+  if (!x || dspk_connect(sock, "memfd_blocked", &c) != 0)
+    return 1;
+  for (size_t i = 0; i < big / sizeof(float); i++)
+    x[i] = -(float)(i % 1000);
+  if (block_memfd(err) != 0)
+    return 2;
+  if ((rc = dspk_shared_alloc(c, "cpu:0", 4096, &p, &id)) != want ||
+      !strstr(dspk_last_error(c), "shared memory is unavailable") ||
+      !strstr(dspk_last_error(c), strerror(err))) {
+    fprintf(stderr, "dspk_shared_alloc: %d %s\n", rc, dspk_last_error(c));
+    return 3;
+  }
+  abs_task_of(&t, &in, x, big / sizeof(float), NULL);
+  if ((rc = dspk_run(c, &t, &r)) != want ||
+      !strstr(dspk_last_error(c), "cannot cross the socket") ||
+      !strstr(dspk_last_error(c), "shared memory is unavailable")) {
+    fprintf(stderr, "dspk_run of 600 KiB: %d %s\n", rc, dspk_last_error(c));
+    return 4;
+  }
+  dspk_set_shared_threshold(c, 4096); /* a temporary wanted, not needed: the socket */
+  abs_task_of(&t, &in, x, small / sizeof(float), NULL);
+  if ((rc = dspk_run(c, &t, &r)) != 0) {
+    fprintf(stderr, "dspk_run of 100 KiB: %d %s\n", rc, dspk_last_error(c));
+    return 5;
+  }
+  for (size_t i = 0; i < small / sizeof(float); i++)
+    if (((const float *)r.out[0].data)[i] != (float)(i % 1000))
+      return 6;
+  dspk_result_free(&r);
+  dspk_close(c);
+  free(x);
+  return 0;
+}
+
+/* No memfd_create here (ENOSYS: a kernel without it, or a seccomp filter
+ * that says so; EPERM: one that forbids it) was DSPK_ENOMEM "memfd_create:
+ * Function not implemented", for dspk_shared_alloc and for an operand that
+ * needed a temporary (probe 23 B3).  Now DSPK_ENOTSUP and DSPK_EPERM, saying
+ * that shared memory is unavailable, as the Python client's NotSupported
+ * and PermissionDenied. */
+static void test_no_memfd(void **state) {
+  char sock[160];
+  const char *const small[] = {"--max-message", "1M", NULL};
+  const int errs[][2] = {{ENOSYS, DSPK_ENOTSUP}, {EPERM, DSPK_EPERM}, {EACCES, DSPK_EPERM}};
+  dspk_client *c2;
+  (void)state;
+  own_daemon("nomemfd", small, sock, sizeof sock, &c2);
+  for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+    int st;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+      _exit(memfd_blocked(sock, errs[i][0], errs[i][1]));
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      fail_msg("memfd_create failing with %s: step %d failed", strerror(errs[i][0]),
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  }
+  assert_int_equal(dspk_ping(c2, NULL, 0), 0);
+  own_daemon_stop(c2, sock);
+}
+
 /* A kernel task's error for tensors too large for an answer (ELIMIT, or
  * the task too large for max_message), or the refusal the task gets
  * whatever the size: the same small and large. */
@@ -1514,6 +1730,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_refused_alloc, stop_quota_daemon),
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
+      cmocka_unit_test(test_from_file_kinds),
       cmocka_unit_test(test_huge_pages),
       cmocka_unit_test(test_auto_threshold),
       cmocka_unit_test(test_wide_copy),
@@ -1531,6 +1748,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_timeout_keeps_order, stop_own_daemon),
       cmocka_unit_test_teardown(test_temp_refused, stop_own_daemon),
       cmocka_unit_test_teardown(test_retry_message, stop_own_daemon),
+      cmocka_unit_test_teardown(test_idle_temps_rerun, stop_own_daemon),
+      cmocka_unit_test_teardown(test_no_memfd, stop_own_daemon),
       cmocka_unit_test_teardown(test_size_free_refusals, stop_quota_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
