@@ -821,7 +821,13 @@ int dspkd_m_buffer_share(struct req *r) {
                 r->c->d->share_fds, max);
   if ((err = dspkd_maps_check(r, "buffer.share")))
     return err;
-  fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const char *no_memfd = DSPK_TEST_HOOK("DSPKD_TEST_MEMFD_ERRNO");
+  if (no_memfd) {
+    fd = -1;
+    errno = atoi(no_memfd);
+  } else {
+    fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  }
   if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
     /* The daemon's shortage, as buffer.import's: a warning at most once a
      * minute (probe 19 I1: logged nothing, in words of its own). */
@@ -830,8 +836,24 @@ int dspkd_m_buffer_share(struct req *r) {
     return fail(r, DSPK_ELIMIT, "buffer.share: the daemon had no file descriptor left for "
                 "the memfd (%s): try again later", e == EMFILE ? "EMFILE" : "ENFILE");
   }
-  if (fd < 0)
-    return fail(r, DSPK_ENOMEM, "buffer.share: memfd_create: %s", strerror(errno));
+  if (fd < 0 && errno == ENOMEM)
+    return fail(r, DSPK_ENOMEM, "buffer.share: the daemon has no memory for the memfd "
+                "(memfd_create: %s): not this client's fault, try again later", strerror(errno));
+  if (fd < 0) {
+    /* No memfds in the daemon (a seccomp filter of the service, an old
+     * kernel): nothing a client can change, and no lack of memory (probe
+     * 23 B: it said ENOMEM); the administrator learns it from the log. */
+    static bool warned; /* once: no client floods the log with it */
+    int e = errno;
+    if (!warned)
+      dspkd_warn("client %llu: buffer.share: the daemon cannot make memfds (memfd_create: %s): "
+                 "check the service's system call filter (said once)",
+                 (unsigned long long)r->c->id, strerror(e));
+    warned = true;
+    return fail(r, DSPK_ENOTSUP, "buffer.share: shared memory is unavailable to the daemon "
+                "(memfd_create: %s): use buffer.create with buffer.write and buffer.read",
+                strerror(e));
+  }
   if (ftruncate(fd, (off_t)size) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
       fstat(fd, &st) != 0) {

@@ -9,6 +9,7 @@ SIGTERM, expecting exit status 0 and the socket removed.
     dspkd_test.py --dspkd PATH GROUP     GROUP: see GROUPS at the bottom
 """
 import argparse
+import errno
 import os
 import random
 import re
@@ -3483,6 +3484,31 @@ def t_memquota(exe, tmp):
     d.stop()
 
 
+def t_sharenomemfd(exe, tmp):
+    """buffer.share in a daemon that cannot make memfds (a seccomp filter of
+    the service; the hook DSPKD_TEST_MEMFD_ERRNO makes memfd_create fail with
+    that errno): ENOTSUP saying so, not ENOMEM (probe 23 B); a real ENOMEM
+    stays ENOMEM; the log says it once; buffer.create still works."""
+    for err, name, words in ((errno.ENOSYS, "ENOTSUP", "shared memory is unavailable to the "
+                              "daemon (memfd_create: Function not implemented): use "
+                              "buffer.create with buffer.write and buffer.read"),
+                             (errno.EPERM, "ENOTSUP", "shared memory is unavailable to the "
+                              "daemon (memfd_create: Operation not permitted)"),
+                             (errno.ENOMEM, "ENOMEM", "no memory for the memfd")):
+        env = dict(os.environ, DSPKD_TEST_MEMFD_ERRNO=str(err))
+        d = Daemon(exe, tmp, [], env=env)
+        c = d.client()
+        for _ in range(2):
+            e = c.expect_error(name, "buffer.share", {"size": 4096})
+            check(words in e.err["message"], "%s: %s" % (name, e.err))
+        b = c.call("buffer.create", {"device": "cpu:0", "size": 8})["buffer"]
+        c.call("buffer.free", {"buffer": b})
+        c.close()
+        d.stop()
+        said = d.logtext().count("the daemon cannot make memfds")
+        check(said == (1 if name == "ENOTSUP" else 0), "logged %d times" % said)
+
+
 def t_memtotal(exe, tmp):
     """All users' device memory together (max_memory; probe 21 E1: three
     users held 24 GiB of cpu buffers on a 23.5 GiB host, each within its
@@ -6464,6 +6490,7 @@ GROUPS = {
     "partial": t_partial,
     "memquota": t_memquota,
     "memtotal": t_memtotal,
+    "sharenomemfd": t_sharenomemfd,
     "cancel": t_cancel,
     "canceldone": t_canceldone,
     "pausecancel": t_pausecancel,
