@@ -769,14 +769,21 @@ again:
       goto again;
     }
     if (r == DSPK_EINVAL && !cached) {
-      /* The clamping refused the validated module (vk_spvrobust.c):
-       * where that is for a capability no kernel may declare (a
-       * PhysicalStorageBuffer64 addressing model, variable pointers), the
-       * capability's ENOTSUP says more, as it did before the clamping. */
+      /* The clamping refused the validated module (vk_spvrobust.c): where
+       * a documented check refuses it too, that check's error says what
+       * to change, as on a module the pass takes (the same checks in the
+       * same order, on the module before the clamping, which has the same
+       * resources and capabilities): an array of storage buffers, which
+       * the pass cannot match to the module (its binding named), a
+       * capability no kernel may declare (a PhysicalStorageBuffer64
+       * addressing model, variable pointers). */
       char why[1024] = "";
-      if (dspk__vk_spv_caps(w, nbytes / 4, d->kcaps, d->nkcaps, why, sizeof why) ==
-          DSPK_ENOTSUP) {
-        r = DSPK_ENOTSUP;
+      int c = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, why,
+                                 sizeof why);
+      if (!c)
+        c = dspk__vk_spv_caps(w, nbytes / 4, d->kcaps, d->nkcaps, why, sizeof why);
+      if (c == DSPK_ENOMEM || (c && why[0])) {
+        r = c;
         snprintf(msg, sizeof msg, "%s", why);
       }
     }

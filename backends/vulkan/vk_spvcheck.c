@@ -10,10 +10,12 @@
  * Only the few instructions that say so are read: OpEntryPoint (the entry's
  * interface, which from SPIR-V 1.4 on lists the global variables of the
  * entry point, glslang's every declared one), OpVariable and OpTypePointer
- * (storage classes), the DescriptorSet, Binding, Block/BufferBlock, Offset
- * and ArrayStride decorations, given by OpDecorate/OpMemberDecorate or
- * through a decoration group (OpDecorationGroup, OpGroupDecorate,
- * OpGroupMemberDecorate), the types of the push-constant block, and the
+ * (storage classes), the DescriptorSet, Binding, Block/BufferBlock, Offset,
+ * ArrayStride, MatrixStride and RowMajor/ColMajor decorations, given by
+ * OpDecorate/OpMemberDecorate or through a decoration group
+ * (OpDecorationGroup, OpGroupDecorate, OpGroupMemberDecorate), the types of
+ * the push-constant block (its size: where its last member's last byte
+ * ends, a matrix's columns, or rows, MatrixStride apart), and the
  * operands of the functions' instructions: a variable is used when one of
  * them names it (as the Vulkan specification's "statically used"), and from
  * 1.4 on is in the entry's interface.  The entry point's work-group size
@@ -39,6 +41,9 @@
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
 #include "proto/utf8.h"
+/* dspk__vk_capnames: every capability's number and name, generated from
+ * spirv-headers' spirv.h (CMakeLists.txt), for messages. */
+#include "vk_capnames.h"
 
 
 /* SPIR-V's universal limit on ids (its specification, "Universal Limits"). */
@@ -49,6 +54,8 @@ struct id {
   int32_t set, bnd; /* DescriptorSet, Binding: -1 when absent */
   uint32_t stride;  /* ArrayStride */
   int64_t offset;   /* Offset of a decoration group (OpGroupMemberDecorate); -1 none */
+  uint32_t mstride; /* MatrixStride of a decoration group; 0 none */
+  uint8_t major;    /* RowMajor (2) or ColMajor (1) of a decoration group; 0 none */
   uint8_t block;    /* 1 Block, 2 BufferBlock */
   uint8_t ref;      /* named by an instruction of a function */
   uint8_t used;     /* by the entry point */
@@ -78,7 +85,11 @@ static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *si
 
 /* What size_of gives for a type with an array whose length cannot be told. */
 #define SIZE_UNKNOWN UINT64_MAX
+/* The most bytes size_of counts exactly: SIZE_OVER stands for any size
+ * above it (one that may not even fit in 64 bits), said as "more than
+ * SIZE_CAP bytes". */
 #define SIZE_CAP ((uint64_t)1 << 40)
+#define SIZE_OVER (SIZE_CAP + 1)
 
 /* The deepest nesting size_of reads: a type whose members or elements,
  * within one another, go deeper is not counted (SIZE_UNKNOWN). */
@@ -132,12 +143,62 @@ static const char *var_name(const struct mod *m, uint32_t id, char *dst, size_t 
   return dst;
 }
 
-/* Bytes the type occupies in a block (its last byte's end), at most 2^40;
- * 0 where it has none to count (a runtime array, an unknown type);
- * SIZE_UNKNOWN where it holds an array whose length (a specialization
- * constant at its default, or an expression of them) cannot be evaluated
- * or is below 1, or types nested more than 16 deep. */
-static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
+/* A struct member's decorations that place it: Offset, and for a matrix
+ * (or an array of them) MatrixStride and RowMajor. */
+struct place {
+  uint64_t off;     /* Offset; the end of the member before where it has none */
+  uint32_t mstride; /* MatrixStride; 0: none (columns packed) */
+  uint8_t rowmajor;
+};
+
+/* The decorations of member k of struct id, given by OpMemberDecorate or
+ * through a decoration group (OpGroupMemberDecorate), into *p (its off
+ * left as given where the member has no Offset). */
+static void member_place(const struct mod *m, uint32_t id, uint32_t k, struct place *p) {
+  for (size_t i = 5; i < m->nw;) {
+    uint32_t op = op_of(m->w[i]), l = len_of(m->w[i]);
+    const uint32_t *o = m->w + i;
+    if (l == 0 || i + l > m->nw || op == SpvOpFunction)
+      break;
+    if (op == SpvOpMemberDecorate && l >= 4 && o[1] == id && o[2] == k) {
+      if (l >= 5 && o[3] == SpvDecorationOffset)
+        p->off = o[4];
+      else if (l >= 5 && o[3] == SpvDecorationMatrixStride)
+        p->mstride = o[4];
+      else if (o[3] == SpvDecorationRowMajor || o[3] == SpvDecorationColMajor)
+        p->rowmajor = o[3] == SpvDecorationRowMajor;
+    }
+    /* A group's decorations given to (struct, member) pairs. */
+    if (op == SpvOpGroupMemberDecorate && l >= 2 && o[1] < m->bound) {
+      const struct id *g = &m->ids[o[1]];
+      for (uint32_t j = 2; j + 1 < l; j += 2)
+        if (o[j] == id && o[j + 1] == k) {
+          if (g->offset >= 0)
+            p->off = (uint64_t)g->offset;
+          if (g->mstride)
+            p->mstride = g->mstride;
+          if (g->major)
+            p->rowmajor = g->major == 2;
+        }
+    }
+    i += l;
+  }
+}
+
+/* s, or SIZE_OVER when it is above SIZE_CAP. */
+static uint64_t capped(uint64_t s) { return s > SIZE_CAP ? SIZE_OVER : s; }
+
+/* Bytes the type occupies in a block (its last byte's end), or SIZE_OVER
+ * where that is more than 2^40 (SIZE_CAP); 0 where it has none to count (a
+ * runtime array, an unknown type); SIZE_UNKNOWN where it holds an array
+ * whose length (a specialization constant at its default, or an expression
+ * of them) cannot be evaluated or is below 1, or types nested more than 16
+ * deep.  mstride and rowmajor: the MatrixStride and RowMajor of the struct
+ * member that holds the type, which lay out its matrices (a matrix, or one
+ * within arrays): its columns (rows where rowmajor) mstride bytes apart,
+ * the last one ending its extent; packed where mstride is 0. */
+static uint64_t size_of(const struct mod *m, uint32_t id, int depth, uint32_t mstride,
+                        int rowmajor) {
   const uint32_t *t = def_of(m, id);
   if (depth > NEST_MAX)
     return SIZE_UNKNOWN; /* counted as 0, arrays nested deeper escaped the limits */
@@ -151,12 +212,29 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
   case SpvOpTypePointer: return 8;
   case SpvOpTypeVector:
   case SpvOpTypeMatrix: {
-    uint64_t es = n > 3 ? size_of(m, t[2], depth + 1) : 0;
+    if (op_of(t[0]) == SpvOpTypeMatrix && mstride && n > 3) {
+      /* Columns of rows components each, or rows of columns components:
+       * the last vector starts (count - 1) strides in. */
+      const uint32_t *col = def_of(m, t[2]);
+      if (!col || op_of(col[0]) != SpvOpTypeVector || len_of(col[0]) < 4)
+        return 0;
+      uint64_t cs = size_of(m, col[2], depth + 2, 0, 0);
+      uint64_t vecs = rowmajor ? col[3] : t[3], comps = rowmajor ? t[3] : col[3];
+      if (cs == SIZE_UNKNOWN)
+        return SIZE_UNKNOWN;
+      if (vecs == 0)
+        return 0;
+      if (vecs - 1 > SIZE_CAP / mstride || (cs && comps > SIZE_CAP / cs))
+        return SIZE_OVER;
+      return capped((vecs - 1) * mstride + comps * cs); /* each at most 2^40 */
+    }
+    /* A vector, or a matrix of packed columns. */
+    uint64_t es = n > 3 ? size_of(m, t[2], depth + 1, 0, 0) : 0;
     if (es == SIZE_UNKNOWN)
       return SIZE_UNKNOWN;
     if (es && t[3] > SIZE_CAP / es)
-      return SIZE_CAP;
-    return t[3] * es;
+      return SIZE_OVER;
+    return capped(t[3] * es);
   }
   case SpvOpTypeArray: {
     /* The length: the value the driver sees (a specialization constant at
@@ -168,44 +246,26 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
     if (!c || value_of(m, t[3], &len) || int_type(m, c[1], &width, &sign) || width < 8 ||
         len == 0 || (sign && len >> (width - 1)))
       return SIZE_UNKNOWN;
-    if ((es = size_of(m, t[2], depth + 1)) == SIZE_UNKNOWN)
+    if ((es = size_of(m, t[2], depth + 1, mstride, rowmajor)) == SIZE_UNKNOWN)
       return SIZE_UNKNOWN;
     uint64_t st = m->ids[id].stride ? m->ids[id].stride : es;
     if (st && len - 1 > SIZE_CAP / st)
-      return SIZE_CAP;
-    uint64_t s = (len - 1) * st + es;
-    return s > SIZE_CAP ? SIZE_CAP : s;
+      return SIZE_OVER;
+    return capped((len - 1) * st + es); /* each at most 2^40 + 1 */
   }
   case SpvOpTypeStruct: {
     uint64_t end = 0, at = 0;
     for (uint32_t k = 0; k + 2 < n; k++) {
-      uint64_t off = at;
-      /* The member's Offset decoration, where it has one. */
-      for (size_t i = 5; i < m->nw;) {
-        uint32_t l = len_of(m->w[i]);
-        if (l == 0 || i + l > m->nw)
-          break;
-        if (op_of(m->w[i]) == SpvOpMemberDecorate && l >= 5 && m->w[i + 1] == id &&
-            m->w[i + 2] == k && m->w[i + 3] == SpvDecorationOffset)
-          off = m->w[i + 4];
-        /* A group's Offset given to (struct, member) pairs. */
-        if (op_of(m->w[i]) == SpvOpGroupMemberDecorate && l >= 2 && m->w[i + 1] < m->bound &&
-            m->ids[m->w[i + 1]].offset >= 0)
-          for (uint32_t j = 2; j + 1 < l; j += 2)
-            if (m->w[i + j] == id && m->w[i + j + 1] == k)
-              off = (uint64_t)m->ids[m->w[i + 1]].offset;
-        if (op_of(m->w[i]) == SpvOpFunction)
-          break;
-        i += l;
-      }
-      uint64_t s = size_of(m, t[2 + k], depth + 1);
+      struct place p = {.off = at};
+      member_place(m, id, k, &p);
+      uint64_t s = size_of(m, t[2 + k], depth + 1, p.mstride, p.rowmajor);
       if (s == SIZE_UNKNOWN)
         return SIZE_UNKNOWN;
-      at = off + s;
+      at = p.off + s; /* below 2^32 + 2^40 + 1 */
       if (at > end)
         end = at;
     }
-    return end;
+    return capped(end);
   }
   default: return 0;
   }
@@ -557,7 +617,11 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
         else if (l >= 4 && o[2] == SpvDecorationArrayStride)
           d->stride = o[3];
         else if (l >= 4 && o[2] == SpvDecorationOffset)
-          d->offset = o[3]; /* read for a decoration group only */
+          d->offset = o[3]; /* read for a decoration group only, as the next three */
+        else if (l >= 4 && o[2] == SpvDecorationMatrixStride)
+          d->mstride = o[3];
+        else if (o[2] == SpvDecorationRowMajor || o[2] == SpvDecorationColMajor)
+          d->major = o[2] == SpvDecorationRowMajor ? 2 : 1;
         else if (l >= 4 && o[2] == SpvDecorationBuiltIn && o[3] == SpvBuiltInWorkgroupSize)
           d->wgsize = 1;
       }
@@ -644,7 +708,7 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
     const uint32_t *t = def_of(&m, pointee);
     int32_t set = m.ids[id].set, bnd = m.ids[id].bnd;
     if ((sc == SpvStorageClassPushConstant || sc == SpvStorageClassWorkgroup) &&
-        size_of(&m, pointee, 0) == SIZE_UNKNOWN) {
+        size_of(&m, pointee, 0, 0, 0) == SIZE_UNKNOWN) {
       /* Its size must be the driver's: refused where it cannot be told. */
       char name[DSPK__ECHO_CAP(64) + 32];
       const char *what = sc == SpvStorageClassWorkgroup ? "shared (Workgroup)" : "push-constant";
@@ -666,18 +730,19 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       continue;
     }
     if (sc == SpvStorageClassPushConstant) {
-      uint64_t s = size_of(&m, pointee, 0);
+      uint64_t s = size_of(&m, pointee, 0, 0, 0);
       if (s > pcmax) {
         snprintf(msg, msglen,
-                 "kernel: the shader's push-constant block is %llu bytes, the scalars of "
+                 "kernel: the shader's push-constant block is %s%llu bytes, the scalars of "
                  "args fill %u: pass a scalar for each of its members",
-                 (unsigned long long)s, pcsize);
+                 s == SIZE_OVER ? "more than " : "",
+                 (unsigned long long)(s == SIZE_OVER ? SIZE_CAP : s), pcsize);
         r = DSPK_EINVAL;
       }
       continue;
     }
-    if (sc == SpvStorageClassWorkgroup)
-      shared += size_of(&m, pointee, 0);
+    if (sc == SpvStorageClassWorkgroup) /* each at most SIZE_OVER: no overflow */
+      shared = capped(shared + size_of(&m, pointee, 0, 0, 0));
     if (sc != SpvStorageClassUniformConstant && sc != SpvStorageClassUniform && sc != SpvStorageClassStorageBuffer)
       continue;
     if (set < 0 || bnd < 0) {
@@ -708,9 +773,11 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   }
   if (!r && lim && shared > lim->maxComputeSharedMemorySize) {
     snprintf(msg, msglen,
-             "kernel: the shader's shared (Workgroup) variables take %llu bytes, more than "
+             "kernel: the shader's shared (Workgroup) variables take %s%llu bytes, more than "
              "the device's maxComputeSharedMemorySize %u",
-             (unsigned long long)shared, lim->maxComputeSharedMemorySize);
+             shared == SIZE_OVER ? "more than " : "",
+             (unsigned long long)(shared == SIZE_OVER ? SIZE_CAP : shared),
+             lim->maxComputeSharedMemorySize);
     r = DSPK_ELIMIT;
   }
   if (!r && unbound >= 0) {
@@ -769,28 +836,12 @@ int dspk__vk_spv_mark(const uint32_t *w, size_t nw, const char *text, uint32_t *
   return 0;
 }
 
-/* The names of the capabilities a compute shader is likely to declare, for
- * messages (the SPIR-V specification's "Capability" table). */
+/* The name of capability c (the first spirv.h gives its number), or NULL
+ * for a number SPIR-V does not define. */
 static const char *cap_name(uint32_t c) {
-  static const struct {
-    uint32_t c;
-    const char *name;
-  } t[] = {{0, "Matrix"}, {1, "Shader"}, {4, "Addresses"}, {5, "Linkage"}, {6, "Kernel"},
-           {9, "Float16"}, {10, "Float64"}, {11, "Int64"}, {12, "Int64Atomics"},
-           {22, "Int16"}, {39, "Int8"}, {61, "GroupNonUniform"}, {62, "GroupNonUniformVote"},
-           {63, "GroupNonUniformArithmetic"}, {64, "GroupNonUniformBallot"},
-           {65, "GroupNonUniformShuffle"}, {66, "GroupNonUniformShuffleRelative"},
-           {67, "GroupNonUniformClustered"}, {68, "GroupNonUniformQuad"},
-           {4433, "StorageBuffer16BitAccess"}, {4434, "UniformAndStorageBuffer16BitAccess"},
-           {4435, "StoragePushConstant16"}, {4441, "VariablePointersStorageBuffer"},
-           {4442, "VariablePointers"}, {4448, "StorageBuffer8BitAccess"},
-           {4449, "UniformAndStorageBuffer8BitAccess"}, {4450, "StoragePushConstant8"},
-           {5345, "VulkanMemoryModel"}, {5346, "VulkanMemoryModelDeviceScope"},
-           {5347, "PhysicalStorageBufferAddresses"}, {5357, "CooperativeMatrixNV"},
-           {6022, "CooperativeMatrixKHR"}};
-  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-    if (t[i].c == c)
-      return t[i].name;
+  for (size_t i = 0; i < sizeof dspk__vk_capnames / sizeof dspk__vk_capnames[0]; i++)
+    if (dspk__vk_capnames[i].c == c)
+      return dspk__vk_capnames[i].name;
   return NULL;
 }
 

@@ -340,6 +340,41 @@ def test_vulkan_kernel_bindings_must_match_args(vk):
                   args=[{"tensor": 0}, {"tensor": 1}] + scal)
 
 
+PC_MATRIX = """#version 450
+layout(local_size_x = 1) in;
+layout(std430, binding = 0) buffer X { float x[]; };
+layout(push_constant) uniform P { %s m; };
+void main() { for (int c = 0; c < %d; c++) for (int r = 0; r < %d; r++) x[c * %d + r] = m[c][r]; }
+"""
+
+
+@pytest.mark.parametrize("decl,cols,rows", [
+    ("mat3", 3, 3), ("layout(row_major) mat3", 3, 3), ("mat2x3", 2, 3),
+    ("layout(row_major) mat3x2", 3, 2), ("mat4x3", 4, 3)])
+def test_vulkan_kernel_push_constant_matrix(vk, decl, cols, rows):
+    """A matrix in the push-constant block takes MatrixStride bytes per column (per row
+    when row-major), 16 for a vec3 in std430: `mat3 m` with 9 f32 scalars ran and read
+    m[2][2] as 0 from bytes never pushed.  Too few scalars are refused, naming the
+    block's size; enough run and read each element where std430 puts it."""
+    src = PC_MATRIX % (decl, cols, rows, rows)
+    row_major = "row_major" in decl
+    major, minor = (rows, cols) if row_major else (cols, rows)
+    size = (major - 1) * 16 + minor * 4  # std430: vectors of 3 or 4 floats 16 apart
+    x = np.zeros(cols * rows, np.float32)
+    with pytest.raises(dspk.InvalidArgument,
+                       match="push-constant block is %d bytes, the scalars of args fill %d"
+                       % (size, size - 4)):
+        vk.kernel(src, x, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}] + [{"f32": 1.0}] * (size // 4 - 1))
+    pushed = np.arange(1, size // 4 + 1, dtype=np.float32)
+    r = vk.kernel(src, x, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}] + [{"f32": float(v)} for v in pushed])
+    # the pushed floats as major vectors 4 floats apart, the first `minor` of each
+    stored = np.pad(pushed, (0, major * 4 - pushed.size)).reshape(major, 4)[:, :minor]
+    m = stored.T if row_major else stored  # m[c][r]
+    np.testing.assert_array_equal(r[0], m.reshape(-1))
+
+
 # ---- K: numbers that cannot be represented -------------------------------------------
 
 @pytest.mark.parametrize("call,name", [

@@ -2016,6 +2016,42 @@ static void t_raw_caps(void **state) {
   assert_int_equal(dspk__vk_spv_caps(w, 7, ok, 1, msg, sizeof msg), DSPK_ENOTSUP);
   assert_non_null(strstr(msg, "capability Int16 (22)"));
   assert_non_null(strstr(msg, "it enables Shader"));
+  /* Every capability is named, from SPIR-V's grammar (probe 23 F3: these
+   * were numbers alone), the first name of one that has several, in the
+   * list of those enabled too; a number SPIR-V does not define stays a
+   * number. */
+  static const struct {
+    uint32_t c;
+    const char *name;
+  } named[] = {{4464, "DenormPreserve (4464)"}, {56, "StorageImageWriteWithoutFormat (56)"},
+               {50, "ImageQuery (50)"}, {46, "SampledBuffer (46)"},
+               {5301, "ShaderNonUniform (5301)"}, {5302, "RuntimeDescriptorArray (5302)"},
+               {6033, "AtomicFloat32AddEXT (6033)"}, {4433, "StorageBuffer16BitAccess (4433)"},
+               {99999, "capability 99999,"}};
+  for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+    w[6] = named[i].c;
+    assert_int_equal(dspk__vk_spv_caps(w, 7, ok, 1, msg, sizeof msg), DSPK_ENOTSUP);
+    if (!strstr(msg, named[i].name))
+      fail_msg("capability %u: \"%s\", expected \"%s\"", named[i].c, msg, named[i].name);
+  }
+  uint32_t ok2[] = {1, 6033};
+  w[6] = 22;
+  assert_int_equal(dspk__vk_spv_caps(w, 7, ok2, 2, msg, sizeof msg), DSPK_ENOTSUP);
+  assert_non_null(strstr(msg, "it enables Shader, AtomicFloat32AddEXT)"));
+  /* GLSL's atomicAdd on a float (GL_EXT_shader_atomic_float), which no
+   * device enables for kernels: ENOTSUP naming its capability. */
+  static const char fadd[] =
+      "#version 450\n"
+      "#extension GL_EXT_shader_atomic_float : require\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer O { float o[]; };\n"
+      "void main() { atomicAdd(o[0], 1.0); }\n";
+  struct dspk__tensor f = words(4);
+  int r2 = raw_over(fadd, &f, 1, msg, sizeof msg);
+  VKB->free(D, f.mem);
+  if (r2 != DSPK_ENOTSUP || !strstr(msg, "capability AtomicFloat32AddEXT (6033)"))
+    fail_msg("a float atomicAdd: %d \"%s\", expected ENOTSUP naming AtomicFloat32AddEXT", r2,
+             msg);
 }
 
 /* GLSL compute source to SPIR-V 1.3 with glslang, independently of the
@@ -2367,6 +2403,20 @@ static void t_raw_spirv_valid(void **state) {
   r = raw_spirv_try(w, nw * 4, "nope", msg, sizeof msg);
   if (r != DSPK_ECOMPILE || !strstr(msg, "no GLCompute entry point \"nope\""))
     fail_msg("entry nope: %d \"%s\", expected ECOMPILE", r, msg);
+  /* A module whose instructions run past its end is an invalid module,
+   * ECOMPILE from the validator (probe 23 F5: the docs said EINVAL): its
+   * last word cut off, or its last instruction's word count past the end
+   * by 1 and by 0xfff0. */
+  for (int k = 0; k < 3; k++) {
+    size_t last = nw - 1; /* OpFunctionEnd: 1 word */
+    uint32_t keep = w[last];
+    if (k)
+      w[last] = (k == 1 ? 2u : 0xfff1u) << 16 | (keep & 0xffffu);
+    r = raw_spirv_try(w, (k ? nw : nw - 1) * 4, "main", msg, sizeof msg);
+    w[last] = keep;
+    if (r != DSPK_ECOMPILE || !strstr(msg, "spirv: invalid SPIR-V module (spirv-val, vulkan1."))
+      fail_msg("instructions past the end (%d): %d \"%s\", expected ECOMPILE", k, r, msg);
+  }
   free(w);
   /* The group's Offset read: the push-constant block ends at 12 bytes. */
   char *text = strdup(raw_groups_asm);
@@ -2706,6 +2756,214 @@ static void t_spv_spec_limits(void **state) {
       if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
         fail_msg("LocalSizeId: %d \"%s\", expected ELIMIT \"%s\"", r, msg, want);
     }
+  }
+}
+
+/* Runs raw kernel src (lang glsl or spirv) with one f32[4] tensor and
+ * scalars filling exactly nbytes of push constants (i64s, then a u32 for
+ * the last 4 bytes when nbytes is not a multiple of 8): its result, *msg. */
+static int pc_try(const char *lang, const void *src, size_t len, uint32_t nbytes, char *msg,
+                  size_t msglen) {
+  struct dspk__karg sc[15];
+  int nsc = 0;
+  assert_true(nbytes % 4 == 0 && nbytes <= 116);
+  for (uint32_t k = 0; k < nbytes / 8; k++)
+    sc[nsc++] = (struct dspk__karg){.kind = DSPK__KARG_I64, .v.i64 = 0};
+  if (nbytes % 8)
+    sc[nsc++] = (struct dspk__karg){.kind = DSPK__KARG_U32, .v.u32 = 0};
+  struct dspk__tensor t = words(4);
+  int r = raw_over_lang(lang, src, len, &t, 1, sc, nsc, msg, msglen);
+  VKB->free(D, t.mem);
+  return r;
+}
+
+/* A push-constant block holding matrices ends where the last byte of its
+ * last column (row, for RowMajor) ends: MatrixStride apart, not packed
+ * (probe 23 F1: GLSL's `mat3 m` with 9 f32 scalars ran, the block's 44
+ * bytes counted as 36, and m[2][2] read 0 from bytes never pushed).  The
+ * block at its size runs; 4 bytes short of it is EINVAL naming the size,
+ * in GLSL (std430, as glslang lays it out) and in SPIR-V with a
+ * MatrixStride of its own, given directly or through a decoration group.
+ * The values read are checked in python/tests/test_operands.py. */
+static void t_raw_pc_matrix(void **state) {
+  (void)state;
+  static const struct {
+    const char *decl, *expr;
+    uint32_t size; /* the block's bytes, std430 */
+  } cases[] = {
+      {"mat3 m;", "m[2][2]", 44},                       /* 3 columns of 16 bytes */
+      {"layout(row_major) mat3 m;", "m[2][2]", 44},     /* 3 rows of 16 bytes */
+      {"mat2x3 m;", "m[1][2]", 28},                     /* 2 columns of vec3 */
+      {"layout(row_major) mat3x2 m;", "m[2][1]", 28},   /* 2 rows of vec3 */
+      {"mat3x2 m;", "m[2][1]", 24},                     /* 3 columns of vec2: packed */
+      {"mat2x3 ms[2];", "ms[1][1][2]", 60},             /* ArrayStride 32 */
+      {"float f; S s;", "s.m[1][2]", 60},               /* S at 16, its m at 16 more */
+      {"float f; mat4x3 m;", "m[3][2]", 76},            /* m at 16 */
+  };
+  char src[1024], msg[1024], want[160];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(src, sizeof src,
+             "#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer X { float x[]; };\n"
+             "struct S { float a; mat2x3 m; };\n"
+             "layout(push_constant) uniform P { %s };\n"
+             "void main() { x[0] = %s; }\n",
+             cases[i].decl, cases[i].expr);
+    int r = pc_try("glsl", src, strlen(src), cases[i].size, msg, sizeof msg);
+    if (r)
+      fail_msg("`%s` with %u bytes of scalars: %d \"%s\", expected it to run", cases[i].decl,
+               cases[i].size, r, msg);
+    r = pc_try("glsl", src, strlen(src), cases[i].size - 4, msg, sizeof msg);
+    snprintf(want, sizeof want, "push-constant block is %u bytes, the scalars of args fill %u",
+             cases[i].size, cases[i].size - 4);
+    if (r != DSPK_EINVAL || !strstr(msg, want))
+      fail_msg("`%s` with %u bytes of scalars: %d \"%s\", expected EINVAL \"%s\"",
+               cases[i].decl, cases[i].size - 4, r, msg, want);
+  }
+  /* SPIR-V: a mat2 whose columns are MatrixStride bytes apart (8 packed):
+   * the block is (2 - 1) * stride + 8 bytes. */
+  static const char *const decos[] = {
+      "OpMemberDecorate %%P 0 ColMajor\nOpMemberDecorate %%P 0 MatrixStride %u\n",
+      "OpMemberDecorate %%P 0 RowMajor\nOpMemberDecorate %%P 0 MatrixStride %u\n",
+      "OpDecorate %%g MatrixStride %u\nOpDecorate %%g ColMajor\n%%g = OpDecorationGroup\n"
+      "OpGroupMemberDecorate %%g %%P 0\n",
+  };
+  static const uint32_t strides[] = {8, 16, 64, 4096};
+  for (size_t d = 0; d < sizeof decos / sizeof decos[0]; d++)
+    for (size_t s = 0; s < sizeof strides / sizeof strides[0]; s++) {
+      char deco[256], text[2048];
+      snprintf(deco, sizeof deco, decos[d], strides[s]);
+      snprintf(text, sizeof text,
+               "OpCapability Shader\nOpMemoryModel Logical GLSL450\n"
+               "OpEntryPoint GLCompute %%main \"main\"\n"
+               "OpExecutionMode %%main LocalSize 1 1 1\n"
+               "OpDecorate %%rt ArrayStride 4\nOpMemberDecorate %%A 0 Offset 0\n"
+               "OpDecorate %%A Block\nOpDecorate %%a DescriptorSet 0\n"
+               "OpDecorate %%a Binding 0\nOpMemberDecorate %%P 0 Offset 0\n%s"
+               "OpDecorate %%P Block\n"
+               "%%void = OpTypeVoid\n%%fn = OpTypeFunction %%void\n"
+               "%%float = OpTypeFloat 32\n%%int = OpTypeInt 32 1\n"
+               "%%v2 = OpTypeVector %%float 2\n%%m2 = OpTypeMatrix %%v2 2\n"
+               "%%P = OpTypeStruct %%m2\n%%pP = OpTypePointer PushConstant %%P\n"
+               "%%pc = OpVariable %%pP PushConstant\n"
+               "%%rt = OpTypeRuntimeArray %%float\n%%A = OpTypeStruct %%rt\n"
+               "%%pA = OpTypePointer StorageBuffer %%A\n%%a = OpVariable %%pA StorageBuffer\n"
+               "%%pf = OpTypePointer StorageBuffer %%float\n"
+               "%%ppf = OpTypePointer PushConstant %%float\n"
+               "%%zero = OpConstant %%int 0\n%%one = OpConstant %%int 1\n"
+               "%%main = OpFunction %%void None %%fn\n%%l = OpLabel\n"
+               "%%q = OpAccessChain %%ppf %%pc %%zero %%one %%one\n"
+               "%%x = OpLoad %%float %%q\n%%p = OpAccessChain %%pf %%a %%zero %%zero\n"
+               "OpStore %%p %%x\nOpReturn\nOpFunctionEnd\n",
+               deco);
+      uint32_t *w;
+      size_t nw;
+      spv_assemble(text, &w, &nw);
+      uint32_t size = strides[s] + 8;
+      int r = size <= 116 ? pc_try("spirv", w, nw * 4, size, msg, sizeof msg) : 0;
+      if (r)
+        fail_msg("mat2, MatrixStride %u (%zu), %u bytes of scalars: %d \"%s\", expected it "
+                 "to run", strides[s], d, size, r, msg);
+      r = pc_try("spirv", w, nw * 4, 16, msg, sizeof msg);
+      snprintf(want, sizeof want, "push-constant block is %u bytes, the scalars of args fill "
+               "16", size);
+      if (size > 16 ? r != DSPK_EINVAL || !strstr(msg, want) : r != 0)
+        fail_msg("mat2, MatrixStride %u (%zu), 16 bytes of scalars: %d \"%s\", expected %s",
+                 strides[s], d, r, msg, size > 16 ? want : "it to run");
+      free(w);
+    }
+}
+
+/* Sizes past the 2^40 bytes the checks count to are said as "more than"
+ * that, not as that many bytes (probe 23 F4: a shared array of 2^66 bytes
+ * was said to take 1099511627776); 2^40 bytes is counted exactly, 2^40 + 4
+ * in two variables is more.  The push-constant block's size is said the
+ * same way. */
+static void t_spv_size_over(void **state) {
+  (void)state;
+  static const struct {
+    const char *dims, *want;
+  } cases[] = {
+      {"%t1 = OpTypeArray %t0 %n\n%t2 = OpTypeArray %t1 %n\n%t3 = OpTypeArray %t2 %n\n",
+       "variables take more than 1099511627776 bytes, more than the device's"},
+      {"%t1 = OpTypeArray %t0 %n\n%t3 = OpTypeArray %t1 %k\n",
+       "variables take 1099511627776 bytes, more than the device's"},
+      {"%t1 = OpTypeArray %t0 %n\n%t3 = OpTypeArray %t1 %k\n"
+       "%pu = OpTypePointer Workgroup %u\n%s2 = OpVariable %pu Workgroup\n",
+       "variables take more than 1099511627776 bytes, more than the device's"},
+  };
+  char text[2048], msg[1024];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    /* uint[65536][65536][65536][65536] (2^66 bytes), uint[64][65536][65536]
+     * (GLSL's order; 2^40 bytes), and that with a uint more. */
+    snprintf(text, sizeof text,
+             "OpCapability Shader\nOpMemoryModel Logical GLSL450\n"
+             "OpEntryPoint GLCompute %%main \"main\"\n"
+             "OpExecutionMode %%main LocalSize 1 1 1\n"
+             "%%void = OpTypeVoid\n%%fn = OpTypeFunction %%void\n"
+             "%%u = OpTypeInt 32 0\n%%n = OpConstant %%u 65536\n%%k = OpConstant %%u 64\n"
+             "%%t0 = OpTypeArray %%u %%n\n%s"
+             "%%p = OpTypePointer Workgroup %%t3\n%%s = OpVariable %%p Workgroup\n"
+             "%%main = OpFunction %%void None %%fn\n%%l = OpLabel\nOpReturn\nOpFunctionEnd\n",
+             cases[i].dims);
+    uint32_t *w;
+    size_t nw;
+    spv_assemble(text, &w, &nw);
+    int r = raw_spirv_try(w, nw * 4, "main", msg, sizeof msg);
+    free(w);
+    if (r != DSPK_ELIMIT || !strstr(msg, cases[i].want))
+      fail_msg("shared memory %zu: %d \"%s\", expected ELIMIT \"%s\"", i, r, msg, cases[i].want);
+  }
+  /* A push-constant block of float[65536] 2^31 bytes apart (2^47 + 4 bytes). */
+  snprintf(text, sizeof text,
+           "OpCapability Shader\nOpMemoryModel Logical GLSL450\n"
+           "OpEntryPoint GLCompute %%main \"main\"\n"
+           "OpExecutionMode %%main LocalSize 1 1 1\n"
+           "OpDecorate %%t0 ArrayStride 2147483648\n"
+           "OpMemberDecorate %%P 0 Offset 0\nOpDecorate %%P Block\n"
+           "%%void = OpTypeVoid\n%%fn = OpTypeFunction %%void\n"
+           "%%f = OpTypeFloat 32\n%%u = OpTypeInt 32 0\n%%n = OpConstant %%u 65536\n"
+           "%%z = OpConstant %%u 0\n"
+           "%%t0 = OpTypeArray %%f %%n\n%%P = OpTypeStruct %%t0\n"
+           "%%pP = OpTypePointer PushConstant %%P\n%%pc = OpVariable %%pP PushConstant\n"
+           "%%pf = OpTypePointer PushConstant %%f\n"
+           "%%main = OpFunction %%void None %%fn\n%%l = OpLabel\n"
+           "%%q = OpAccessChain %%pf %%pc %%z %%z\n%%x = OpLoad %%f %%q\n"
+           "OpReturn\nOpFunctionEnd\n");
+  uint32_t *w;
+  size_t nw;
+  spv_assemble(text, &w, &nw);
+  int r = raw_spirv_try(w, nw * 4, "main", msg, sizeof msg);
+  free(w);
+  if (r != DSPK_EINVAL ||
+      !strstr(msg, "push-constant block is more than 1099511627776 bytes, the scalars of args "
+                   "fill 0"))
+    fail_msg("a push-constant block of 2^47 bytes: %d \"%s\", expected EINVAL saying more "
+             "than 2^40", r, msg);
+}
+
+/* Module shapes that documented checks refuse, named as documented rather
+ * than as the robust-access pass's refusal (probe 23 F2: an array of
+ * storage buffers was "the daemon cannot bound this module's memory
+ * accesses ... must use Logical addressing", its binding unnamed). */
+static void t_raw_refused_named(void **state) {
+  (void)state;
+  static const char *const bodies[] = {
+      "bufs[1].a[0] = 1.0;", "bufs[0].a[0] = 1.0;",
+      "bufs[gl_GlobalInvocationID.x].a[0] = 1.0;", "bufs[0].a[gl_GlobalInvocationID.x] = 1.0;"};
+  char src[1024], msg[1024];
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+    snprintf(src, sizeof src,
+             "#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer A { float a[]; } bufs[2];\n"
+             "void main() { %s }\n", bodies[i]);
+    struct dspk__tensor t[2] = {words(4), words(4)};
+    int r = raw_over(src, t, 2, msg, sizeof msg);
+    VKB->free(D, t[0].mem);
+    VKB->free(D, t[1].mem);
+    if (r != DSPK_EINVAL || !strstr(msg, "array of resources at set 0, binding 0"))
+      fail_msg("an array of 2 storage buffers (%s): %d \"%s\", expected EINVAL naming "
+               "binding 0", bodies[i], r, msg);
   }
 }
 
@@ -4073,6 +4331,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_spv_zero_init),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
       cmocka_unit_test(t_spv_spec_limits),
+      cmocka_unit_test(t_raw_pc_matrix), cmocka_unit_test(t_raw_refused_named),
+      cmocka_unit_test(t_spv_size_over),
       cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_raw_owner), cmocka_unit_test(t_spv_mark),
       cmocka_unit_test(t_raw_compile_limits),
