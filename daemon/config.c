@@ -955,7 +955,7 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "expected %s from %llu to %llu%s, got \"%s\"%s",
                k->type == K_SIZE ? "a size" : "an integer", (unsigned long long)k->lo,
                (unsigned long long)k->hi,
-               k->type == K_SIZE  ? " bytes (suffix K, M, G or T allowed)"
+               k->type == K_SIZE  ? " bytes (" DSPK__SIZE_UNITS ")"
                : k->type == K_MS ? " milliseconds (suffix ms or s allowed)"
                                  : "",
                vis(value), leading_zero(value) ? " (a leading 0 reads two ways: none is "
@@ -988,7 +988,7 @@ static int store(const struct key *k, const char *value, bool from_file,
     return 0;
   case K_SHARE:
     if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0) {
-      snprintf(why, len, "expected a size from %llu to %llu (suffix K, M, G or T allowed) "
+      snprintf(why, len, "expected a size from %llu to %llu bytes (" DSPK__SIZE_UNITS ") "
                "or a share of each device's memory from 1%% to 100%%, got \"%s\"%s",
                (unsigned long long)k->lo, (unsigned long long)k->hi, vis(value),
                leading_zero(value) ? " (a leading 0 reads two ways: none is allowed)" : "");

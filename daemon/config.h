@@ -24,7 +24,7 @@
 /* Fills cfg with the built-in defaults (the table's, which --help shows). */
 void dspkd_config_defaults(struct dspkd_config *cfg);
 
-/* Parses a quota given as a size (lo to hi bytes, suffix K, M or G) or as a
+/* Parses a quota given as a size (lo to hi bytes, proto/units.h) or as a
  * share of each device's memory ("1%" to "100%", DSPKD_SHARE).  0 or -1. */
 int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 

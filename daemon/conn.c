@@ -692,6 +692,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     peek_alloc(c, buf);
     return;
   }
+  c->peek_nomem = false;
   *buf = uv_buf_init(NULL, 0);
   if (k && k->refs == 1 && k->start == k->end) {
     k->start = k->end = 0;
@@ -911,10 +912,12 @@ out:
  * and its task.cancel requests are seen while its tasks run
  * (docs/protocol.md, "Backpressure"): a closed connection cancels them, and
  * a task.cancel is answered at once.  Reading stops when that buffer is
- * full (of requests held back), when the connection keeps a descriptor
- * (peek_fds), when more than PEEK_UNSENT bytes of answers wait for the
- * client (it is not reading: its hangup fails the write), or the
- * connection is closing, ended or received data in place. */
+ * full (of requests held back, or of a large request's first part: a
+ * zero-length buffer from peek_alloc, which on_read takes as the pause),
+ * when the connection keeps a descriptor (peek_fds), when more than
+ * PEEK_UNSENT bytes of answers wait for the client (it is not reading: its
+ * hangup fails the write), or the connection is closing, ended or received
+ * data in place. */
 #define PEEK_MIN ((size_t)4 << 10)     /* least free space a paused read takes */
 #define PEEK_UNSENT ((size_t)64 << 10) /* answers a paused connection may owe */
 
@@ -928,6 +931,8 @@ static bool may_peek(const struct conn *c) {
 static bool peek_room(const struct conn *c) {
   const struct rchunk *k = c->rb;
   size_t pending = k ? k->end - k->start : 0;
+  if (c->peek_nomem)
+    return false;
   return !k || k->cap - k->end >= PEEK_MIN ||
          (k->refs == 1 && k->cap - pending >= PEEK_MIN) || pending + PEEK_MIN <= RCHUNK_MIN;
 }
@@ -950,7 +955,17 @@ static bool peek_fds(const struct conn *c) { return c->nfds == 0; }
 
 /* on_alloc for a paused read: the room left in the read buffer, made by
  * compacting it, or a fresh buffer of RCHUNK_MIN (the first buffer every
- * connection is granted) when jobs hold the current one; never more. */
+ * connection is granted) when jobs hold the current one; never more.
+ * None (a zero-length buffer: libuv's read callback gets UV_ENOBUFS, which
+ * on_read takes as the pause it is, and stops reading) when the buffer is
+ * full, or a fresh one cannot be allocated (c->peek_nomem: the connection
+ * is read again once the pause ends, the ordinary path then growing its
+ * buffer or closing it for the shortage).  A connection is paused here
+ * without a dspkd_conn_update_read of its own when the pause comes from its
+ * user's other connections (max_user_unsent: their answers queued) or from
+ * the daemon (the stop): it was still reading, maybe with a buffer that the
+ * start of a large message had filled, which closed it without a notice
+ * (probe 23 D1). */
 static void peek_alloc(struct conn *c, uv_buf_t *buf) {
   struct rchunk *k = c->rb;
   size_t pending = k ? k->end - k->start : 0;
@@ -964,7 +979,7 @@ static void peek_alloc(struct conn *c, uv_buf_t *buf) {
     } else if (pending + PEEK_MIN <= RCHUNK_MIN) {
       struct rchunk *nk = chunk_new(RCHUNK_MIN);
       if (!nk) {
-        c->rb_nomem = RCHUNK_MIN;
+        c->peek_nomem = true;
         return;
       }
       nk->cap = RCHUNK_MIN;
@@ -1493,6 +1508,29 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     conn_protocol_error(c, DSPK_ENOMEM, msg);
     return;
   }
+  if (n == UV_ENOBUFS) {
+    /* No room for a paused read (peek_alloc): the pause it is, never a
+     * close; what the client sends meanwhile waits in the socket until the
+     * pause ends (dspkd_conn_update_read reads it again then). */
+    if (may_read(c)) {
+      /* on_alloc refuses a read only as said above: an internal error,
+       * told to the client and logged, not a silent close. */
+      char msg[128];
+      snprintf(msg, sizeof msg, "internal error: no read buffer for this connection (%s)",
+               uv_strerror((int)n));
+      dspkd_error(DSPKD_PEER_FMT ": closed: %s", DSPKD_PEER_ARGS(c), msg);
+      conn_protocol_error(c, DSPK_EINTERNAL, msg);
+      return;
+    }
+    dspkd_debug("client %llu: paused with %s: not read until the pause ends",
+                (unsigned long long)c->id,
+                c->peek_nomem ? "no read buffer to be had (out of memory)"
+                              : "its read buffer full");
+    uv_read_stop(s);
+    c->reading = false;
+    dspkd_conn_update_read(c);
+    return;
+  }
   if (n == UV_EOF && !conn_peer_gone(c)) {
     /* shutdown(SHUT_WR): the requests it sent whole are answered first. */
     c->eof = true;
@@ -1557,6 +1595,8 @@ void dspkd_conn_update_read(struct conn *c) {
     if (c->closing)
       return;
   }
+  if (may_read(c))
+    c->peek_nomem = false; /* the ordinary path grows the buffer, or tells the shortage */
   if (c->eof) {
     conn_eof_check(c);
     want = false;

@@ -506,6 +506,9 @@ struct conn {
   size_t rb_nomem;          /* the read buffer of this many bytes could not be
                                allocated (the daemon's shortage: on_read answers
                                protocol.error ENOMEM, logged), or 0 */
+  bool peek_nomem;          /* paused, a fresh read buffer could not be allocated:
+                               not read until the pause ends (daemon/conn.c,
+                               peek_alloc) */
   /* Then: the bytes of the message held, the least size the whole message
    * can have (dspk__frame_need), and the user's other read buffers. */
   uint64_t over_pending, over_need, over_others;

@@ -17,6 +17,13 @@
  */
 int dspk__parse_size(const char *s, uint64_t *out);
 
+/* What dspk__parse_size takes, in the words of every message that refuses a
+ * size (dspkd's options and configuration keys, dspk-submit's options and
+ * size variables): both spellings of each unit, as dspk.conf(5), dspkd(8)
+ * and docs/cli.md list them (probe 23 D2: "suffix K, M, G or T allowed"
+ * told a user who typed 1Mib that MiB was wrong). */
+#define DSPK__SIZE_UNITS "digits and an optional unit K, M, G, T or KiB, MiB, GiB, TiB"
+
 /* The most device UUIDs job.register takes (its devices array). */
 #define DSPK__JOB_MAX_UUIDS 64
 

@@ -72,7 +72,8 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, 64u << 20, &v) < 0)
-        return dspk__sub_usage(ctx, "bad --size '%s' (want a size, 0..64M bytes)",
+        return dspk__sub_usage(ctx, "bad --size '%s' (want a size, 0..64M bytes: "
+                                    DSPK__SIZE_UNITS ")",
                                dspk__sub_arg(optarg));
       size = (long)v;
       break;

@@ -423,7 +423,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, UINT32_MAX, &v) < 0)
         return dspk__sub_usage(ctx, "bad --shared '%s' (want a size, 0..4294967295 "
-                                    "bytes, e.g. 4096 or 48K)",
+                                    "bytes: " DSPK__SIZE_UNITS ", e.g. 4096 or 48K)",
                                dspk__sub_arg(optarg));
       shared = (long)v;
       break;

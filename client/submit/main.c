@@ -599,8 +599,8 @@ static int check_size_env(const dspk__sub_ctx *ctx) {
     uint64_t v;
     if (e != NULL && *e && dspk__sub_parse_size(e, 0, size_env[i].max, &v) < 0) {
       dspk__sub_fail(ctx, DSPK_EINVAL, "bad value of $%s '%s': want a size of at most "
-                     "1T, digits and an optional unit K, M, G, T or KiB, MiB, GiB, "
-                     "TiB (no sign, spaces or fractions); unset it for the default",
+                     "1T, " DSPK__SIZE_UNITS " (no sign, spaces or fractions); unset "
+                     "it for the default",
                      size_env[i].name, dspk__sub_arg(e));
       return DSPK__SUB_EXIT_USAGE;
     }

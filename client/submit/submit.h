@@ -21,6 +21,7 @@
 #include "client/submit/escape.h"
 #include "client/submit/outfile.h"
 #include "dspk/dspk.h"
+#include "proto/units.h"
 
 /* Exit statuses (documented in docs/cli.md). */
 #define DSPK__SUB_EXIT_OK 0
@@ -270,11 +271,12 @@ int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
 int dspk__sub_parse_double(const char *s, double *out);
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
 
-/* A byte count with an optional binary unit (K, M, G, T, KiB, ...: 2M is
- * 2097152; proto/units.h) in [lo, hi]: 0 on success, -1 otherwise. */
 /* DSPK_SHARED_THRESHOLD for this command: the size it gives, else 0 (no
  * shared memory; main.c says why). */
 size_t dspk__sub_shared_threshold(void);
+/* A byte count with an optional binary unit (K, M, G, T, KiB, ...: 2M is
+ * 2097152; proto/units.h, whose DSPK__SIZE_UNITS a refusal names) in
+ * [lo, hi]: 0 on success, -1 otherwise. */
 int dspk__sub_parse_size(const char *s, uint64_t lo, uint64_t hi,
                          uint64_t *out);
 

@@ -2246,6 +2246,19 @@ def suite_shell(cli, tmp, dspkd):
     check(" 2048 bytes" in out, "ping -s 2K: %r" % out)
     cli.fails(["ping", "-s", "65M"], "ping", "EINVAL", rc_want=2)
     cli.fails(["ping", "-s", "1X"], "ping", "EINVAL", rc_want=2)
+    # Every refusal of a size names both spellings of the units it takes
+    # (probe 23 D2: "K, M, G or T" alone for a user who typed 1Mib).
+    units = "digits and an optional unit K, M, G, T or KiB, MiB, GiB, TiB"
+    cli.fails(["ping", "-s", "1Mib"], "ping", "EINVAL", rc_want=2,
+              detail="bad --size '1Mib' (want a size, 0..64M bytes: %s)" % units)
+    cli.fails(["kernel", "-", "--entry", "main", "--grid", "1", "--block", "1",
+               "--shared", "48KB"], "kernel", "EINVAL", rc_want=2,
+              detail="bad --shared '48KB' (want a size, 0..4294967295 bytes: %s, "
+                     "e.g. 4096 or 48K)" % units)
+    cli.fails(["ping"], "ping", "EINVAL", rc_want=2,
+              env=dict(os.environ, DSPK_SHARED_THRESHOLD="1MB"),
+              detail="bad value of $DSPK_SHARED_THRESHOLD '1MB': want a size of at most 1T, "
+                     "%s (no sign" % units)
     # ... and dspkd's flags and configuration keys.
     conf = os.path.join(tmp, "dspkd.conf")
     with open(conf, "w") as f:
@@ -2402,15 +2415,26 @@ def suite_shell(cli, tmp, dspkd):
                 ["--max-unsent", "-1K"]):
         p = subprocess.run([dspkd] + bad, capture_output=True, timeout=30,
                            stdin=subprocess.DEVNULL)
-        check(p.returncode == 2 and b"suffix K, M, G or T" in p.stderr,
+        check(p.returncode == 2 and ("bytes (%s), got" % units).encode() in p.stderr,
               "dspkd %s: %d %r" % (bad, p.returncode, p.stderr))
+    for bad in ("1.5M", "1Q", "1Mib"):
+        with open(conf, "w") as f:
+            f.write("[limits]\nmax_message = %s\n" % bad)
+        p = subprocess.run([dspkd, "--config", conf, "--socket",
+                            os.path.join(tmp, "x.sock")], capture_output=True,
+                           timeout=30, stdin=subprocess.DEVNULL)
+        want = ('dspkd.conf:2: max_message: expected a size from 64 to 4294967296 bytes '
+                '(%s), got "%s"' % (units, bad)).encode()
+        check(p.returncode == 2 and want in p.stderr,
+              "bad size in the file: %d %r" % (p.returncode, p.stderr))
+    # A key that takes a size or a share says both.
     with open(conf, "w") as f:
-        f.write("[limits]\nmax_message = 1.5M\n")
+        f.write("[limits]\nmax_memory = 1Gb\n")
     p = subprocess.run([dspkd, "--config", conf, "--socket",
                         os.path.join(tmp, "x.sock")], capture_output=True,
                        timeout=30, stdin=subprocess.DEVNULL)
-    check(p.returncode == 2 and b"dspkd.conf:2: max_message" in p.stderr,
-          "bad size in the file: %d %r" % (p.returncode, p.stderr))
+    check(p.returncode == 2 and ("bytes (%s) or a share" % units).encode() in p.stderr,
+          "bad size or share in the file: %d %r" % (p.returncode, p.stderr))
 
     # dspkd -h and -V, like --help and --version; dspk-submit -V.
     for short, long_ in (("-h", "--help"), ("-V", "--version")):

@@ -10,6 +10,7 @@ SIGTERM, expecting exit status 0 and the socket removed.
 """
 import argparse
 import errno
+import fcntl
 import os
 import random
 import re
@@ -22,6 +23,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import urllib.request
@@ -2052,6 +2054,135 @@ def t_userunsent_many(exe, tmp):
           "the user's unsent answers within twice max_user_unsent plus one answer: %d "
           "bytes (%d answers) of %d connections" % (held, held // size, nconn))
     lazy_user_finishes(d, root, pid, r1, w2, "once it reads")
+
+
+def t_userpause(exe, tmp):
+    """A connection paused by its user's other connections (max_user_unsent:
+    their answers unread) while a large request is arriving on it is paused,
+    never closed (docs/protocol.md, "Backpressure"): it was read on into a
+    read buffer that the request's first part had filled, the read got no
+    room (UV_ENOBUFS), and the connection was closed without a notice, its
+    requests in flight unanswered, one debug line in the log (probe 23 D1).
+    Here B's request in flight (a task queued behind H's, which
+    DSPKD_TEST_CANCEL_WAIT=before holds on cpu:0's runner) makes B owe an
+    answer; B's read buffer (its first, 64 KiB) is left with less than 4 KiB
+    free by the start of a 512 KiB ping, read in one read (the daemon
+    stopped while B sends it); then A's unread ping answers pass
+    max_user_unsent and B sends more.  B stays open and what it sent waits in
+    its socket; once A reads, every request of A, B and H gets exactly one
+    answer."""
+    env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
+    hook = "waits for the task's cancel before it runs"
+    quota, npings, psize, big = 1 << 20, 24, 256 << 10, 512 << 10
+    d = Daemon(exe, tmp, ["--no-cache", "--max-user-unsent", str(quota)], env=env)
+    watcher, h, a, b = d.client(), d.client(), d.client(), d.client()
+    conns = {"H": h, "A": a, "B": b}
+
+    def take(c, want, seen, name):
+        """Reads c's answers until every msgid of want came, each once."""
+        while not want <= seen.keys():
+            data = c.sock.recv(1 << 20)
+            check(data, "%s: connection closed by the daemon" % name)
+            c.up.feed(data)
+            for m in c.up:
+                check(m[0] == 1, "%s: a notification: %r" % (name, m[:3]))
+                check(m[1] in want, "%s: an answer to msgid %r, not asked" % (name, m[1]))
+                check(m[1] not in seen, "%s: msgid %d answered twice" % (name, m[1]))
+                seen[m[1]] = m
+
+    # H's task holds cpu:0's runner (its operands and result, 80 KiB, are too
+    # large for the loop to run it); B's small task queues behind it.
+    seen = d.logtext().count(hook)
+    hx = np.arange(10240, dtype=np.float32)
+    hid = h.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [tensor(hx)]})
+    deadline = time.monotonic() + TIMEOUT
+    while d.logtext().count(hook) == seen:
+        check(time.monotonic() < deadline, "H's task reached the hook")
+        time.sleep(0.005)
+    bx = np.arange(4, dtype=np.float32)
+    first = msgpack.packb([0, 1, "task.run", [{"op": "map", "device": "cpu:0",
+                                               "options": {"fn": "abs"},
+                                               "inputs": [tensor(bx)]}]], use_bin_type=True)
+    b.msgid = 1
+    b.sock.sendall(first)
+    while cpu_running(watcher) != (1, 1):
+        check(time.monotonic() < deadline, "B's task queued")
+    # The start of B's ping: its read buffer (64 KiB, with B's first frame
+    # at its start) left with 1 KiB free, all of it read at once.
+    b.msgid += 1
+    bid = b.msgid
+    bdata = np.random.default_rng(23).integers(0, 255, big, dtype=np.uint8).tobytes()
+    bframe = msgpack.packb([0, bid, "ping", [{"data": bdata}]], use_bin_type=True)
+    cut = (64 << 10) - len(first) - 1024
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        b.sock.sendall(bframe[:cut])
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+
+    def outq(c):  # bytes the daemon has not read from c yet (SIOCOUTQ)
+        return struct.unpack("i", fcntl.ioctl(c.sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+    while outq(b):
+        check(time.monotonic() < deadline, "the daemon read B's first part")
+        time.sleep(0.005)
+    # A pipelines pings and does not read their answers: its user's answers
+    # pass max_user_unsent (B, owing its task's answer, is paused then).
+    apings = [msgpack.packb([0, i + 1, "ping", [{"data": bytes([i]) * psize}]],
+                            use_bin_type=True) for i in range(npings)]
+    sent = []
+
+    def send_pings():
+        try:
+            a.sock.sendall(b"".join(apings))
+            sent.append(True)
+        except OSError as e:  # told by the check after join
+            sent.append(e)
+    sender = threading.Thread(target=send_pings)
+    sender.start()
+    while sum(x["unsent"] for x in watcher.call("status")["clients"]) <= quota:
+        check(time.monotonic() < deadline, "A's answers pass max_user_unsent")
+    # More of B's ping while B is paused: it waits in B's socket.
+    b.sock.sendall(bframe[cut:cut + 8192])
+    for _ in range(2):  # B's bytes came before these: the daemon has seen them
+        st = watcher.call("status")
+    check(len(st["clients"]) == 4, "B is still open: %r" % st["clients"])
+    r, _, _ = select.select([b.sock], [], [], 0)
+    check(not r, "B has nothing to read (no EOF, no notice)")
+    # (SIOCOUTQ counts the kernel's memory for them, a little more)
+    check(outq(b) >= 8192, "B's bytes wait in its socket while it is paused: %d" % outq(b))
+    # A reads: the pause ends, B's ping is read whole and answered.
+    seen_a, seen_b, seen_h = {}, {}, {}
+    take(a, set(range(1, npings + 1)), seen_a, "A")
+    sender.join()
+    check(sent == [True], "A's pings sent: %r" % sent)
+    for i in range(npings):
+        check(seen_a[i + 1][2] is None and seen_a[i + 1][3]["data"] == bytes([i]) * psize,
+              "A's ping %d answered its data" % (i + 1))
+    b.sock.sendall(bframe[cut + 8192:])
+    take(b, {bid}, seen_b, "B")
+    check(seen_b[bid][3]["data"] == bdata, "B's ping answered its data")
+    # B's queued task and H's held one canceled: each answered once.
+    b.sock.sendall(msgpack.packb([0, bid + 1, "task.cancel", [{"msgid": 1}]],
+                                 use_bin_type=True))
+    take(b, {1, bid + 1}, seen_b, "B")
+    h.msgid += 1
+    h.sock.sendall(msgpack.packb([0, h.msgid, "task.cancel", [{"msgid": hid}]],
+                                 use_bin_type=True))
+    take(h, {hid, h.msgid}, seen_h, "H")
+    for name, seen, tid, cid in (("B", seen_b, 1, bid + 1), ("H", seen_h, hid, h.msgid)):
+        check(seen[cid][3] == {"canceled": True}, "%s: its task canceled" % name)
+        check(seen[tid][2] and seen[tid][2]["name"] == "ECANCELED",
+              "%s: its task answered ECANCELED: %r" % (name, seen[tid][2]))
+    # Nothing more on any of them: a ping is the next answer of each.
+    for name, c in conns.items():
+        c.msgid = 1000
+        c.send("ping", {"data": b"end"}, msgid=1000)
+        take(c, {1000}, {}, name)
+        c.close()
+    watcher.close()
+    d.stop()
+    check("no buffer space" not in d.logtext(), "no read refused:\n%s" % d.logtext()[-3000:])
 
 
 def t_privacy(exe, tmp):
@@ -6455,6 +6586,7 @@ GROUPS = {
     "firsttouch": t_firsttouch,
     "socket": t_socket,
     "backpressure": t_backpressure,
+    "userpause": t_userpause,
     "progress": t_progress,
     "limits": t_limits,
     "wire": t_wire,
