@@ -33,6 +33,7 @@ import mmap
 import numbers
 import operator
 import os
+import re
 import select
 import socket as _socket
 import stat as _stat
@@ -148,7 +149,9 @@ def _copy_wide(dst: np.ndarray, src: np.ndarray, threads: Optional[int] = None) 
         try:
             t.start()
             started.append(t)
-        except RuntimeError:  # no thread to be had: this one copies that part
+        except RuntimeError as e:  # no thread to be had: this one copies that part
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             part(i)
     part(0)
     for t in started:
@@ -342,7 +345,9 @@ def _map_fd(fd: int, size: int) -> Tuple[Any, np.ndarray]:
     if hasattr(mmap, "MADV_HUGEPAGE"):  # where shmem_enabled allows it
         try:
             m.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
+        except OSError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass
     return m, (np.asarray(m) if _libc is not None else np.frombuffer(m, dtype=np.uint8))
 
@@ -389,7 +394,9 @@ def _shm_size_error(size: int, e: OSError) -> Error:
         try:
             import resource
             lim = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        except (ImportError, OSError, ValueError):
+        except (ImportError, OSError, ValueError) as ex:  # not e: the handler unbinds it
+            if from_signal_handler(ex):
+                raise  # a signal handler's: the caller's, as it is
             lim = -1
         if lim != -1 and lim != getattr(resource, "RLIM_INFINITY", -1) and size > lim:
             return _errors.LimitExceeded(
@@ -419,7 +426,9 @@ def _untraced_twin(e: BaseException) -> Optional[BaseException]:
     call's future keeps it in place of the error the call raises (see _no_cycle)."""
     try:
         twin = copy.copy(e)
-    except Exception:  # noqa: BLE001 - an exception of a class that cannot be copied
+    except Exception as e:  # noqa: BLE001 - an exception of a class that cannot be copied
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return None
     if type(twin) is not type(e) or twin is e:
         return None
@@ -615,7 +624,9 @@ def _wait_in(cond: threading.Condition, timeout: Optional[float]) -> None:
             lock._acquire_restore((1, threading.get_ident()))
         try:
             waiters.remove(gate)
-        except ValueError:
+        except ValueError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass  # removed by notify()
 
 
@@ -884,7 +895,9 @@ def _socket_path_error(path: str, given: bool) -> Optional[Error]:
     A str that has no bytes form (a lone surrogate) is left to connect()."""
     try:
         n = len(os.fsencode(path))
-    except UnicodeError:
+    except UnicodeError as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return None
     if n <= _SOCKET_PATH_MAX:
         return None
@@ -911,7 +924,9 @@ def _address(path: str) -> Union[str, bytes]:
                                       "(@NAME names an abstract socket)")
     try:
         return b"\0" + os.fsencode(path[1:])
-    except UnicodeError:
+    except UnicodeError as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return path  # no bytes form (a lone surrogate): left to connect(), as a path is
 
 
@@ -921,7 +936,9 @@ def _not_a_socket(path: str) -> str:
     "" (no such path, a socket, or one stat() cannot look at)."""
     try:
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return ""
     if _stat.S_ISSOCK(mode):
         return ""
@@ -986,7 +1003,9 @@ def _deadline_of(timeout: Optional[float]) -> Optional[float]:
     if timeout is not None:
         try:
             timeout = float(timeout)
-        except OverflowError:
+        except OverflowError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             timeout = None
     if timeout is None or timeout > _TIMEOUT_FOREVER:
         return None
@@ -1022,7 +1041,9 @@ class _FutureLock(_thread.RLock):
         for gate in list(self.gates):
             try:
                 gate.release()
-            except RuntimeError:
+            except RuntimeError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass  # released already
 
     notify = notify_all
@@ -1043,7 +1064,9 @@ class _FutureLock(_thread.RLock):
             self._acquire_restore(saved)  # type: ignore[attr-defined]
             try:
                 self.gates.remove(gate)
-            except ValueError:
+            except ValueError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass
 
 
@@ -1279,7 +1302,9 @@ class TaskFuture(concurrent.futures.Future):
                 return
             try:
                 callbacks[i](self)
-            except Exception:
+            except Exception as e:
+                if _interrupted_inline(callbacks[i], e):
+                    raise  # not counted as run: see _add_inline
                 _cf.LOGGER.exception("exception calling callback for %r", self)
             self._ran = i + 1
 
@@ -1364,7 +1389,9 @@ class TaskFuture(concurrent.futures.Future):
         finally:
             try:
                 gates.remove(gate)
-            except ValueError:
+            except ValueError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass
 
     def _pump(self, timeout: Optional[float]) -> Optional[float]:
@@ -1396,6 +1423,8 @@ class TaskFuture(concurrent.futures.Future):
             try:
                 owner._pump_for(self, timeout)
             except Error as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 if owner._closed is None:
                     raise
                 # The connection is closed and this future not yet failed (the thread
@@ -1448,22 +1477,29 @@ class TaskFuture(concurrent.futures.Future):
                 return
         try:
             fn(self)
-        except Exception:
+        except Exception as e:
+            if _interrupted_inline(fn, e):
+                raise  # see _add_inline
             _cf.LOGGER.exception("exception calling callback for %r", self)
 
     def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
         """The client's own done-callbacks: run where the future completes (the thread
         reading, the worker, a submit()'s writer thread, the dspk-callbacks thread for a settle queued behind
-        progress calls), what they raise kept in them as for a user's callback."""
-        if self.done():
-            self._add_callback(fn)
-            return
+        progress calls), what they raise kept in them as for a user's callback; but
+        a signal handler's exception (any class) that lands in one on the main thread
+        is the caller's interruption, never the callback's own: it propagates from
+        the call that completed the future (the caller's synchronous op), never logged
+        and dropped as concurrent.futures does a user's callback's Exception, and the
+        callback, not counted as run, runs again (whole) with the next attempt to
+        settle the future (_finish's ``finally`` tries the callbacks a second time at
+        once, so the client's own bookkeeping is done before the exception goes
+        on)."""
 
         def guarded(f: "concurrent.futures.Future[Any]") -> None:
             try:
                 fn(f)
             except Exception:
-                raise  # concurrent.futures logs it
+                raise  # concurrent.futures logs it (a signal handler's: see above)
             except BaseException:  # noqa: B036 - the callback's own: see above
                 if _on_main():
                     # A signal handler's exception (the main thread read the answer):
@@ -1474,6 +1510,7 @@ class TaskFuture(concurrent.futures.Future):
                     # task) stayed pending for ever.
                     raise
 
+        guarded._dspk_inline = True  # type: ignore[attr-defined]  # _interrupted_inline
         self._add_callback(guarded)
 
     @_untraced
@@ -1503,7 +1540,9 @@ class TaskFuture(concurrent.futures.Future):
         if self.cancelled():
             try:
                 self._notify_if_canceled()  # False: canceled, waiters told
-            except RuntimeError:
+            except RuntimeError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass  # told already (another cancel() of it)
 
     def _cancel(self) -> bool:
@@ -1572,7 +1611,9 @@ def _check_wait_timeout(timeout: Any) -> Optional[float]:
         return None if seconds > _TIMEOUT_FOREVER else float(max(seconds, 0))
     try:
         f = float(timeout)
-    except OverflowError:  # a Fraction (or another real) beyond float64
+    except OverflowError as e:  # a Fraction (or another real) beyond float64
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         f = math.inf if timeout > 0 else -math.inf
     if f != f:  # NaN by float() of a real type that compares as a number
         raise ValueError("timeout: NaN is not a number of seconds")
@@ -1587,6 +1628,15 @@ def _run_once(once: Any, fn: Callable[[Any], Any], fut: concurrent.futures.Futur
     of those posts run it."""
     if once.acquire(False):
         _run_callback(fn, fut)
+
+
+def _interrupted_inline(fn: Any, e: Exception) -> bool:
+    """Whether ``e``, raised by done-callback ``fn``, is a signal handler's exception
+    that landed in one of the client's own callbacks (_add_inline) on the main thread:
+    the caller's interruption, which propagates (concurrent.futures logged it and
+    dropped it, and the caller's synchronous op returned as if no signal came); a
+    user's callback's Exception, or any on another thread, is logged."""
+    return getattr(fn, "_dspk_inline", False) and _on_main() and from_signal_handler(e)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
@@ -1980,7 +2030,9 @@ class DeviceArray:
     def __exit__(self, *exc: Any) -> None:
         try:
             self.free()
-        except _errors.Closed:
+        except _errors.Closed as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass
 
     # numpy's operators and ufuncs with a DeviceArray operand (``np.add(x, d)``,
@@ -2034,7 +2086,9 @@ def _number(name: str, v: Any) -> float:
     try:
         with np.errstate(over="ignore"):
             f = float(v)
-    except (OverflowError, ValueError, TypeError):
+    except (OverflowError, ValueError, TypeError) as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         f = math.inf
     except Exception as e:  # noqa: BLE001 - what the object's __float__ raises: named
         if isinstance(e, (Error, MemoryError)) or from_signal_handler(e):
@@ -2092,7 +2146,9 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
         elif not f32:
             try:
                 return float(exact)  # int / int: correctly rounded, once
-            except OverflowError:
+            except OverflowError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
                                               % (name, _num_text(v))) from None
         else:
@@ -2156,7 +2212,9 @@ def _f32_op(op: str, x: Any) -> bool:
     (protocol.md: a gemm of f32, f16 or bf16; a map of f32 or c64)."""
     try:
         dt = _meta(x, "input 0")[1]
-    except (ValueError, TypeError, Error):
+    except (ValueError, TypeError, Error) as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return False  # not an array: refused elsewhere
     if op == "gemm":
         return dt != np.float64
@@ -2203,6 +2261,8 @@ def _device(v: Any) -> str:
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         raise _errors.InvalidArgument("device: %r is not valid Unicode text (%s)"
                                       % (v, e.reason)) from None
     return v
@@ -2252,6 +2312,8 @@ def _dtype(v: Any) -> np.dtype:
     try:
         dt = user_code("dtype", np.dtype, v)
     except _errors.InvalidArgument as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         if isinstance(e.__cause__, (TypeError, ValueError)):
             raise _errors.DtypeError("dtype: %s" % e.__cause__) from None
         raise
@@ -2264,24 +2326,30 @@ def _dtype(v: Any) -> np.dtype:
 
 def _kernel_args(args: Any) -> List[Dict[str, Any]]:
     """kernel's ``args``: a sequence of one-key dicts, {"tensor": i} or a scalar of its
-    type ({"i32": v}...; the daemon checks the key and the range)."""
+    type ({"i32": v}...; the daemon checks the key and the range).  Each is named as
+    the daemon names it, ``options.args[i]`` (protocol.md), whichever side refuses it:
+    a value the client refuses (beyond msgpack's ints, or beyond float64) and one the
+    daemon refuses (beyond the type's own range) read alike."""
     if isinstance(args, (str, bytes, Mapping)) or not hasattr(args, "__iter__"):
-        raise _errors.InvalidArgument("args: expected a list of one-key dicts, got %s"
-                                      % _kind(args))
+        raise _errors.InvalidArgument("options.args: expected a list of one-key dicts, "
+                                      "got %s" % _kind(args))
     out = []
-    for i, a in enumerate(user_code("args", list, args)):  # its __iter__ may raise
-        items = user_code("args[%d]" % i, lambda m: list(m.items()), a) \
+    for i, a in enumerate(user_code("options.args", list, args)):  # its __iter__ may raise
+        items = user_code("options.args[%d]" % i, lambda m: list(m.items()), a) \
             if isinstance(a, Mapping) else None
         if items is None or len(items) != 1:
-            raise _errors.InvalidArgument("args[%d]: expected a one-key dict such as "
-                                          "{\"tensor\": 0} or {\"f32\": 1.5}, got %s"
+            raise _errors.InvalidArgument("options.args[%d]: expected a one-key dict "
+                                          "such as {\"tensor\": 0} or {\"f32\": 1.5}, "
+                                          "got %s"
                                           % (i, _kind(a)))
         (k, v), = items
-        what = "args[%d].%s" % (i, k)
+        what = "options.args[%d]" % i
         if k in ("f32", "f64"):
             try:
                 v = _scalar(what, v, k == "f32")
             except _errors.InvalidArgument as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 if "beyond" not in e.message:
                     raise
                 raise _errors.RangeError("%s: %s is out of %s range"
@@ -2348,7 +2416,9 @@ def _num_text(v: Any) -> str:
             return _kind(v)
         ctx = decimal.Context(prec=17, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
         return format(ctx.plus(d).normalize(ctx), "g")
-    except Exception:  # noqa: BLE001 - a value that will not be said: its kind says enough
+    except Exception as e:  # noqa: BLE001 - a value that will not be said: its kind says enough
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return _kind(v)
 
 
@@ -2358,15 +2428,45 @@ def _dt_text(dt: np.dtype) -> str:
     numpy's name."""
     try:
         return wire_name(dt)
-    except Exception:  # noqa: BLE001 - one with no protocol name
+    except Exception as e:  # noqa: BLE001 - one with no protocol name
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return str(dt)
+
+
+_KERNEL_TENSORS_MAX = 4  # a task's inputs: 1 to 4 tensors (protocol.md, kernel)
+_FIELD_NAME = re.compile(r":[^:]*:")  # a struct field's name in a buffer format
+
+
+def _byte_view(what: str, data: Any, fix: str) -> memoryview:
+    """``data`` (any bytes-like object: an object of the buffer protocol) as a
+    memoryview, for bytes sent as they are (ping's ``data``, a kernel's ``source``).
+    Not a bytes-like object: dspk.InvalidArgument.  A buffer of Python object
+    references (a numpy array of dtype object, or of a structured dtype with such a
+    field: a buffer format holding ``O``) is dspk.DtypeError, as an op's operand of
+    dtype object is: its bytes are this process's memory addresses, not data."""
+    try:
+        view = memoryview(data)
+    except TypeError as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
+        raise _errors.InvalidArgument("%s: expected a bytes-like object, got %s"
+                                      % (what, _kind(data))) from None
+    if "O" in _FIELD_NAME.sub("", view.format):
+        raise _errors.DtypeError(
+            "%s: a buffer of Python objects (format %r, such as a numpy array of dtype "
+            "object), whose bytes are this process's memory addresses, not data: %s"
+            % (what, view.format, fix))
+    return view
 
 
 def _kind(v: Any) -> str:
     """What v is, for a message: its type and, when short, its value."""
     try:
         r = repr(v)
-    except Exception:  # noqa: BLE001 - a repr that fails: the type says enough
+    except Exception as e:  # noqa: BLE001 - a repr that fails: the type says enough
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         return type(v).__name__
     return "%s %s" % (type(v).__name__, r) if len(r) <= 40 else type(v).__name__
 
@@ -2391,6 +2491,8 @@ def _as_array(x: Any, what: str = "operand",
     try:
         wire_name(a.dtype)
     except _errors.DtypeError as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         raise _errors.DtypeError("%s: %s" % (what, e.message)) from None
     most = (limits or {}).get("max_elements")
     if isinstance(most, int) and a.size > most:
@@ -2716,7 +2818,9 @@ def _sendable(text: str) -> str:
     does for client strings (protocol.md).  Never raises."""
     try:
         raw = os.fsencode(text)
-    except UnicodeError:  # a surrogate no decoding made (from a caller's str)
+    except UnicodeError as e:  # a surrogate no decoding made (from a caller's str)
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         raw = text.encode("utf-8", "surrogatepass")
     return raw.decode("utf-8", "replace")
 
@@ -2783,6 +2887,8 @@ class Client:
             try:
                 socket = os.fspath(socket)
             except Exception as e:  # noqa: BLE001 - what the object raises: named
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 raise _errors.InvalidArgument(
                     "socket: expected a path, got %s whose __fspath__() gives no str "
                     "or bytes (%s)" % (_kind(socket), _errors._describe(e))) from None
@@ -2804,6 +2910,8 @@ class Client:
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
         self._timeout: Optional[float] = timeout
@@ -3041,7 +3149,9 @@ class Client:
             try:
                 sock.connect(self._address)
                 break
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError) as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError() from None
@@ -3070,7 +3180,9 @@ class Client:
         if not already:
             try:
                 self._sock.shutdown(_socket.SHUT_RDWR)
-            except OSError:
+            except OSError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass
             self._wake()
         self._fail_all()
@@ -3102,7 +3214,9 @@ class Client:
             if self._sock.fileno() >= 0 and not self._reading:
                 try:
                     self._sock.close()
-                except OSError:
+                except OSError as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's: the caller's, as it is
                     pass  # the descriptor is gone either way (close(2) frees it)
             self._close_wake()
 
@@ -3110,7 +3224,9 @@ class Client:
         """Wakes a thread waiting for room to send (it then sees the client closed)."""
         try:
             self._wake_pair[1].send(b"\0")
-        except OSError:
+        except OSError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass  # full (it is awake already) or closed
 
     def _close_wake(self) -> None:
@@ -3118,7 +3234,9 @@ class Client:
         for end in getattr(self, "_wake_pair", ()):
             try:
                 end.close()
-            except OSError:
+            except OSError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass  # the descriptor is gone either way (close(2) frees it)
 
     def _forked(self) -> bool:
@@ -3143,7 +3261,9 @@ class Client:
         del self._dead_claims[:]
         try:
             self._sock.close()  # close(2) of this process's descriptor only
-        except OSError:
+        except OSError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass
         self._close_wake()
 
@@ -3259,6 +3379,8 @@ class Client:
         except (OverflowError, TypeError, ValueError) as e:
             # A value msgpack cannot carry (an int beyond 64 bits, an object): the
             # caller's argument, refused before anything is sent.
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             raise _errors.InvalidArgument("%s: an argument cannot be sent: %s"
                                           % (msg[2], e)) from None
         if not bigs:
@@ -3614,7 +3736,9 @@ class Client:
         self._connection_lost(err)
         try:
             self._sock.shutdown(_socket.SHUT_RDWR)
-        except OSError:
+        except OSError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass
 
     def _queue_free(self, buffer: int) -> None:
@@ -3692,7 +3816,9 @@ class Client:
                 raise
             try:
                 self._dead_shared.remove(item)
-            except ValueError:
+            except ValueError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass
         return True
 
@@ -3808,7 +3934,9 @@ class Client:
             try:
                 if self._closed is None:
                     self._start("task.cancel", {"msgid": msgid})
-            except Error:
+            except Error as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass
 
     def _call(self, method: str, args: Optional[Mapping[str, Any]] = None,
@@ -3834,12 +3962,17 @@ class Client:
                     self._claims.add(ref)  # (cut before: the except below owns it)
                     claim.ref = ref
                 return self._wait(fut, deadline)
-            except (_errors.LimitExceeded, _errors.OutOfMemory):
-                # Idle shared temporaries count toward the same limits (max_buffers,
-                # the memory quotas): freed, and the allocation tried once more.
-                if again or not self._drop_idle_temps():
+            except BaseException as e:  # dspk.Timeout, KeyboardInterrupt: no id for the caller
+                # The daemon's refusal (ELIMIT, ENOMEM) answers the request: idle shared
+                # temporaries count toward the same limits (max_buffers, the memory
+                # quotas), so they are freed and the allocation tried once more.  A
+                # signal handler's exception of these classes is no answer: it
+                # propagates, as any other interruption does.
+                if isinstance(e, (_errors.LimitExceeded, _errors.OutOfMemory)) and \
+                        not from_signal_handler(e):
+                    if not again and self._drop_idle_temps():
+                        continue
                     raise
-            except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
                 for fut in owner:  # a request sent whole: its buffer is freed when made
                     if fut._sent:
                         self._orphans += [fut]  # first, and no call: nothing can lose it
@@ -3890,7 +4023,9 @@ class Client:
             self._dead_shared += [buf]
         try:
             self._orphans.remove(fut)
-        except ValueError:
+        except ValueError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass
         return buf is not None
 
@@ -4342,7 +4477,9 @@ class Client:
                 try:
                     what = _errors._wire_text(params.get("what"))
                     frac = float(params.get("fraction", 0.0))
-                except (TypeError, ValueError):
+                except (TypeError, ValueError) as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's: the caller's, as it is
                     return None
                 return (self._progress_post, (call.future, call.progress, what, frac))
         elif msg[1] == "protocol.error" and isinstance(params, dict):
@@ -4370,7 +4507,9 @@ class Client:
             token = _Runner()
             try:
                 _launch(self._callbacks_main, token)
-            except RuntimeError:  # "can't start new thread"
+            except RuntimeError as e:  # "can't start new thread"
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass
             else:
                 if self._cb_thread is t:  # (not taken up by the thread meanwhile)
@@ -4478,7 +4617,9 @@ class Client:
             if type(fut) is TaskFuture:  # (_settle's first case, without the call)
                 try:
                     fut._finish(value if exc is None else None, exc)
-                except concurrent.futures.InvalidStateError:
+                except concurrent.futures.InvalidStateError as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's: the caller's, as it is
                     pass  # canceled by the caller meanwhile
             else:
                 self._settle(fut, value, exc)
@@ -4518,7 +4659,9 @@ class Client:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
-        except concurrent.futures.InvalidStateError:
+        except concurrent.futures.InvalidStateError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             pass  # canceled by the caller meanwhile
 
     def _connection_lost(self, err: Error) -> None:
@@ -4556,7 +4699,9 @@ class Client:
             t = _Runner()
             try:
                 _launch(self._reader_main, t)  # see _launch: no half-started thread
-            except RuntimeError:
+            except RuntimeError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 # No thread to be had (RuntimeError "can't start new thread"): the
                 # request is sent, so no error here; result() and exception() of the
                 # futures read the connection themselves while no reader runs (_pump).
@@ -4636,6 +4781,8 @@ class Client:
                 self._ensure_worker_locked()
                 return
             except RuntimeError as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 if self._worker is not None:
                     return
                 why = str(e)
@@ -4674,7 +4821,9 @@ class Client:
                 return x  # sent as a reference to the shared array, as x
             try:
                 shares = np.may_share_memory(a, x)
-            except Exception:  # noqa: BLE001 - an object numpy cannot compare: copied
+            except Exception as e:  # noqa: BLE001 - an object numpy cannot compare: copied
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 shares = True
             return a.copy() if shares else a
 
@@ -4709,6 +4858,8 @@ class Client:
             try:
                 self._ensure_worker_locked()
             except RuntimeError as e:  # _thread: "can't start new thread"
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 if self._worker is None and job in self._jobs:
                     # Nothing of this submit() was sent (nor of those before it,
                     # queued with no worker either): it is refused.
@@ -4837,7 +4988,9 @@ class Client:
             with self._work_lock:
                 try:
                     self._jobs.remove(job)
-                except ValueError:
+                except ValueError as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's: the caller's, as it is
                     pass  # taken by the worker meanwhile (it skips a done future)
 
     def _after_jobs(self, method: str) -> None:
@@ -4867,7 +5020,10 @@ class Client:
     @_public
     def ping(self, data: BytesLike = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds.
-        ``data`` (any bytes-like object) is echoed back and checked."""
+        ``data`` (any bytes-like object) is echoed back and checked; one that is not
+        bytes-like is dspk.InvalidArgument, and a buffer of Python objects (a numpy
+        array of dtype object: its bytes are this process's memory addresses)
+        dspk.DtypeError, before anything is sent."""
         if type(data) is bytes and not data:  # the common case: nothing to echo
             t0 = time.perf_counter()
             echo = self._wait(self._start("ping", None, _decode_ping))  # (_call)
@@ -4875,11 +5031,7 @@ class Client:
             if echo:
                 raise _errors.ProtocolError("ping: the daemon echoed other data")
             return dt
-        try:
-            view = memoryview(data)
-        except TypeError:
-            raise _errors.InvalidArgument("data: expected a bytes-like object, got %s"
-                                          % _kind(data)) from None
+        view = _byte_view("data", data, "pass bytes, or an array of numbers")
         data = view if view.c_contiguous else view.tobytes()  # a strided array's bytes
         bigs: List[memoryview] = []
         args = {"data": self._bin(data, bigs)} if memoryview(data).nbytes else None
@@ -5060,7 +5212,14 @@ class Client:
         size = max(nbytes, 1)
         mm, view, buf, dev = self._import_memfd(device, size)
         try:
-            arr = view[:nbytes].view(dt).reshape(shape_t)
+            try:
+                arr = view[:nbytes].view(dt).reshape(shape_t)
+            except (ValueError, TypeError) as e:  # numpy's: no such view of the bytes
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
+                raise _errors.InvalidArgument("empty_shared: shape %s of %s: %s"
+                                              % (shape_t, dt, _errors._describe(e))) \
+                    from None
             self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
             # Collected, the mapping owes the buffer.free by a C call alone (no Python
             # code, nothing a signal handler can cut), then _shared_gone sends it at
@@ -5069,13 +5228,13 @@ class Client:
             # and the free goes with the next request.
             weakref.finalize(mm, Client._shared_gone, weakref.ref(self))
             self._shared_refs[buf] = _SharedRef(mm, self._dead_shared.append, buf)
-        except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
+        except BaseException:  # no array: its buffer goes (KeyboardInterrupt too)
+            # Whatever it is goes on as it is: numpy's refusal of the view is
+            # InvalidArgument above, a MemoryError OutOfMemory (_public), and a signal
+            # handler's exception (a TimeoutError, any Exception) the caller's own.
             self._shared.pop(buf, None)
             self._shared_refs.pop(buf, None)
             self._free_quietly(buf)
-            if isinstance(e, Exception) and not isinstance(e, Error):
-                raise _errors.InvalidArgument("empty_shared: shape %s of %s: %s"
-                                              % (shape_t, dt, e)) from None
             raise
         return arr
 
@@ -5086,6 +5245,8 @@ class Client:
         try:
             f = _new_memfd()
         except OSError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's (a TimeoutError): the caller's, as it is
             raise _memfd_error(e) from None
         res = None
         try:
@@ -5097,6 +5258,8 @@ class Client:
                                 fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
                     mm, view = _map_fd(fd, size)
                 except OSError as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's (a TimeoutError): the caller's
                     raise _shm_size_error(size, e) from None
                 res = self._new_buffer("buffer.import", {"device": device, "size": size},
                                        fds=[fd])
@@ -5128,7 +5291,9 @@ class Client:
                 self._known_devices(op)
             except (_errors.Timeout, _errors.Closed):
                 raise  # the daemon does not answer, or is gone: so would the socket
-            except Error:
+            except Error as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 return None
         return "cpu:0" if self._any_is_cpu else None
 
@@ -5151,6 +5316,8 @@ class Client:
         try:
             return self._learn_devices(self._call("devices", None, _decode_devices))
         except _errors.Timeout as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             raise _errors.Timeout("%s: the devices call that tells where its operands "
                                   "go: %s" % (op, e.message)) from None
 
@@ -5170,7 +5337,9 @@ class Client:
         try:
             self._start("devices", None, lambda res: learn(_decode_devices(res)),
                         is_async=True)._add_inline(done)
-        except (Error, _Defer):  # _Defer: another thread sends; asked again later
+        except (Error, _Defer) as e:  # _Defer: another thread sends; asked again later
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             self._any_asking = False
 
     def _task_device(self, op: str, inputs: Sequence[Any], options: Mapping[str, Any]
@@ -5187,7 +5356,9 @@ class Client:
             first = wire_name(_meta(inputs[0], "input 0")[1]) if inputs else None
         except (_errors.Timeout, _errors.Closed):
             raise  # the daemon does not answer, or is gone: the call ends with it
-        except (Error, IndexError):
+        except (Error, IndexError) as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             return "any"
 
         def runs(d: Mapping[str, Any]) -> bool:
@@ -5402,7 +5573,9 @@ class Client:
             try:
                 sl.claim(token, deadline, gone=self._gone)
                 self._flush_frees_locked()
-            except (_SendWaitTimeout, Error):
+            except (_SendWaitTimeout, Error) as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, as it is
                 pass  # not sent now: they go with a later request (or the connection)
             finally:
                 if sl.owner is token:  # no call before the store: nothing can cut it
@@ -5720,7 +5893,9 @@ class Client:
                         t["buffer"], t["offset"] = tmp.buffer, 0
                 except (_errors.Timeout, _errors.Closed):
                     raise  # the daemon does not answer, or is gone: so would the socket
-                except Error:
+                except Error as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's: the caller's, as it is
                     # No shared memory to be had (a limit, no descriptor, a quota): the
                     # op is made again through the socket (_run), once the temporaries
                     # made for it, which count toward the same limits, are freed.
@@ -5878,7 +6053,9 @@ class Client:
             # (shared: not once more for a call that is this rule's second try)
             try:
                 self._wait(fut)
-            except _errors.LimitExceeded:
+            except _errors.LimitExceeded as e:
+                if from_signal_handler(e):
+                    raise  # a signal handler's: the caller's, not the daemon's refusal
                 # Refused before it ran (a quota, max_buffers) while it held shared
                 # temporaries, or while the connection held idle ones, which count
                 # toward the same quotas: through the socket, with the idle
@@ -5983,7 +6160,9 @@ class Client:
                     rt = self._temp_get(sdev, bound, shm, make=not is_async)
                 except (_errors.Timeout, _errors.Closed):
                     raise  # the daemon does not answer, or is gone: so would the socket
-                except Error:
+                except Error as e:
+                    if from_signal_handler(e):
+                        raise  # a signal handler's: the caller's, as it is
                     # No shared memory to be had: the op is made again through the
                     # socket (_run), the operands' temporaries freed first.
                     raise _NoShared() from None
@@ -6241,6 +6420,15 @@ class Client:
         if not isinstance(source, (str, bytes, bytearray, memoryview)):
             raise _errors.InvalidArgument("source: expected a str or bytes, got %s"
                                           % _kind(source))
+        if isinstance(source, memoryview):
+            # not one of Python objects' addresses
+            _byte_view("source", source, "pass the source as a str or bytes")
+        if not 1 <= len(tensors) <= _KERNEL_TENSORS_MAX:
+            # protocol.md's bound on a task's inputs, in the daemon's (and
+            # libdspkclient's) words, before anything is sent or staged
+            raise _errors.InvalidArgument(
+                "inputs: expected a non-empty array of at most %d tensors, got an array "
+                "of %d items" % (_KERNEL_TENSORS_MAX, len(tensors)))
         opts: Dict[str, Any] = {"lang": _string("lang", lang), "entry": _string("entry", entry),
                                 "grid": _integers("grid", grid),
                                 "shared": _int64("shared", shared),
@@ -6362,12 +6550,15 @@ class Client:
                args: Optional[Iterable[Mapping[str, Any]]] = None, entry: str = "main",
                shared: Integral = 0, device: str = "any"
                ) -> List[Union[np.ndarray, DeviceArray]]:
-        """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
-        ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
-        ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``, ``{"f64": v}``.
+        """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device,
+        on 1 to 4 ``tensors`` (none, or more than 4, is dspk.InvalidArgument before
+        anything is sent).  ``args`` are its parameters in order, each a one-key dict:
+        ``{"tensor": i}``, ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``,
+        ``{"f64": v}``.
         On vulkan the tensors are storage buffers 0, 1, ... of set 0 and the scalars
         fill the push-constant block: a shader using a binding or push-constant bytes
-        that ``args`` do not give raises InvalidArgument.
+        that ``args`` do not give raises InvalidArgument.  A refused item of ``args`` is
+        named ``options.args[i]``, as the daemon names it.
         Returns every tensor after the run (numpy arrays; DeviceArrays stay DeviceArrays)."""
         return self._wait(self._op_kernel(source, *tensors, lang=lang, grid=grid,
                                           block=block, args=args, entry=entry,
@@ -6397,6 +6588,8 @@ class Client:
         try:  # a bad call names the public method, not the private one behind it
             inspect.signature(getattr(self, op)).bind(*args, **kwargs)
         except TypeError as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             raise TypeError("submit(%r, ...): %s" % (op, e)) from None
         # First on this thread: the arguments are checked (their errors raised here)
         # and the task is sent at once, unless a step would wait for an answer (a

@@ -4,13 +4,13 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import signal
 import types
 from typing import Any, Callable, Mapping, Optional, Tuple, TypeVar
 
 import numpy as np
 
-from ._errors import DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError, _describe
+from ._errors import (DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError, _describe,
+                      _from_signal_handler as from_signal_handler)
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -22,45 +22,6 @@ __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype
 bfloat16: np.dtype = np.dtype([("bf16", "<u2")])
 
 _T = TypeVar("_T")
-
-
-def _handler_codes() -> set:
-    """The code objects of the Python signal handlers installed now."""
-    codes = set()
-    for s in signal.valid_signals():
-        try:
-            h = signal.getsignal(s)
-        except (ValueError, OSError):
-            continue
-        if h is None or isinstance(h, int):  # SIG_DFL, SIG_IGN, not set from Python
-            continue
-        for _ in range(4):  # a bound method, a functools.partial, an object's __call__
-            code = getattr(h, "__code__", None)
-            if isinstance(code, types.CodeType):
-                codes.add(code)
-                break
-            nxt = getattr(h, "__func__", None) or getattr(h, "func", None)
-            if nxt is None and not isinstance(h, (type, types.BuiltinFunctionType)):
-                nxt = getattr(type(h), "__call__", None)
-            h = nxt
-            if h is None:
-                break
-    return codes
-
-
-def from_signal_handler(e: BaseException) -> bool:
-    """Whether ``e`` was raised by a Python signal handler (a frame of one installed
-    now is in its traceback): the caller's exception, which propagates as it is, not
-    a failure of the code that was running."""
-    tb = e.__traceback__
-    if tb is None:
-        return False
-    codes = _handler_codes()
-    while tb is not None:
-        if tb.tb_frame.f_code in codes:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def user_code(what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -170,7 +131,9 @@ def numpy_dtype(name: str) -> np.dtype:
     decode, not a dtype of the caller's)."""
     try:
         return DTYPES[name]
-    except (KeyError, TypeError):
+    except (KeyError, TypeError) as e:
+        if from_signal_handler(e):
+            raise  # a signal handler's: the caller's, as it is
         raise ProtocolError("the daemon sent unknown dtype %r" % (name,)) from None
 
 
@@ -271,7 +234,9 @@ def _python_reals(a: np.ndarray) -> np.ndarray:
         try:
             x = math.ldexp(float(t), -k)  # exact (but below float64's normal range,
             # far below bf16's smallest subnormal, where it rounds to 0 all the same)
-        except OverflowError:  # beyond float64: bf16's infinity all the same
+        except OverflowError as e:  # beyond float64: bf16's infinity all the same
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             x = math.inf
         out[i] = -x if n < 0 else x
     return out.reshape(a.shape)
@@ -306,7 +271,9 @@ def to_bfloat16(x: Any) -> np.ndarray:
         # already.  Each element converted from its own exact value instead.
         try:
             o = user_code("to_bfloat16: not an array", np.asarray, x, dtype=object)
-        except InvalidArgument:
+        except InvalidArgument as e:
+            if from_signal_handler(e):
+                raise  # a signal handler's: the caller's, as it is
             o = None
         if o is not None and o.shape == a.shape and \
                 any(type(v) is not a.dtype.type and

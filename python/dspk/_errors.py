@@ -1,6 +1,8 @@
 """dspk.Error and one subclass per error code of docs/protocol.md."""
 from __future__ import annotations
 
+import signal
+import types
 from typing import Any, Dict, Mapping, Tuple, Type
 
 __all__ = [
@@ -132,13 +134,56 @@ def _wire_text(v: Any) -> str:
     return str(v)
 
 
+def _handler_codes() -> set:
+    """The code objects of the Python signal handlers installed now."""
+    codes = set()
+    for s in signal.valid_signals():
+        try:
+            h = signal.getsignal(s)
+        except (ValueError, OSError):
+            continue
+        if h is None or isinstance(h, int):  # SIG_DFL, SIG_IGN, not set from Python
+            continue
+        for _ in range(4):  # a bound method, a functools.partial, an object's __call__
+            code = getattr(h, "__code__", None)
+            if isinstance(code, types.CodeType):
+                codes.add(code)
+                break
+            nxt = getattr(h, "__func__", None) or getattr(h, "func", None)
+            if nxt is None and not isinstance(h, (type, types.BuiltinFunctionType)):
+                nxt = getattr(type(h), "__call__", None)
+            h = nxt
+            if h is None:
+                break
+    return codes
+
+
+def _from_signal_handler(e: BaseException) -> bool:
+    """Whether ``e`` was raised by a Python signal handler (a frame of one installed
+    now is in its traceback): the caller's exception, which propagates as it is, not
+    a failure of the code that was running."""
+    tb = e.__traceback__
+    if tb is None or tb.tb_next is None:
+        # Raised in the frame that caught it (a C call's own, a raise statement): a
+        # handler's has the handler's frame after that one.  (Cheap: checked first.)
+        return False
+    codes = _handler_codes()
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _describe(e: BaseException) -> str:
     """An exception as a message of the client's names it: ``"FormatError: text"``, or
     ``"FormatError (with no message)"`` where its text is empty (never a bare
     ``"FormatError: "``)."""
     try:
         text = str(e)
-    except Exception:  # noqa: BLE001 - an object's __str__ that raises: said so
+    except Exception as x:  # noqa: BLE001 - an object's __str__ that raises: said so
+        if _from_signal_handler(x):
+            raise  # a signal handler's: the caller's, as it is
         text = "(its str() failed)"
     return "%s: %s" % (type(e).__name__, text) if text else \
         "%s (with no message)" % type(e).__name__

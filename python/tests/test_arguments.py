@@ -514,32 +514,32 @@ def test_kernel_arguments(client):
         return client.kernel("void main() {}", x, **opts)
 
     for kw, err, msg in (
-            (dict(args=5), dspk.InvalidArgument, "args: expected a list"),
-            (dict(args={"tensor": 0}), dspk.InvalidArgument, "args: expected a list"),
-            (dict(args=[5]), dspk.InvalidArgument, "args[0]: expected a one-key dict"),
-            (dict(args=[{"tensor": 0, "i32": 1}]), dspk.InvalidArgument, "args[0]"),
-            (dict(args=[{"i32": 1.5}]), dspk.InvalidArgument, "args[0].i32: expected an int"),
-            (dict(args=[{"f32": "1"}]), dspk.InvalidArgument, "args[0].f32: expected a real"),
-            (dict(args=[{"u32": 1 << 64}]), dspk.RangeError, "args[0].u32: 18446744073709551616"),
-            (dict(args=[{"i64": -(1 << 63) - 1}]), dspk.RangeError, "args[0].i64"),
+            (dict(args=5), dspk.InvalidArgument, "options.args: expected a list"),
+            (dict(args={"tensor": 0}), dspk.InvalidArgument, "options.args: expected a list"),
+            (dict(args=[5]), dspk.InvalidArgument, "options.args[0]: expected a one-key dict"),
+            (dict(args=[{"tensor": 0, "i32": 1}]), dspk.InvalidArgument, "options.args[0]: "),
+            (dict(args=[{"i32": 1.5}]), dspk.InvalidArgument, "options.args[0]: expected an int"),
+            (dict(args=[{"f32": "1"}]), dspk.InvalidArgument, "options.args[0]: expected a real"),
+            (dict(args=[{"u32": 1 << 64}]), dspk.RangeError, "options.args[0]: 18446744073709551616"),
+            (dict(args=[{"i64": -(1 << 63) - 1}]), dspk.RangeError, "options.args[0]"),
             # The value named, as for the ints (probe 19 F6: "int is out of f64 range"),
             # also past the 4300 digits str() of an int takes (it raised ValueError).
             (dict(args=[{"f64": 10**400}]), dspk.RangeError,
-             "args[0].f64: 1e+400 is out of f64 range"),
+             "options.args[0]: 1e+400 is out of f64 range"),
             (dict(args=[{"f32": -3 * 10**400}]), dspk.RangeError,
-             "args[0].f32: -3e+400 is out of f32 range"),
+             "options.args[0]: -3e+400 is out of f32 range"),
             (dict(args=[{"f64": fractions.Fraction(10**400, 3)}]), dspk.RangeError,
-             "args[0].f64: 3.3333333333333333e+399 is out of f64 range"),
+             "options.args[0]: 3.3333333333333333e+399 is out of f64 range"),
             (dict(args=[{"i64": 10**5000}]), dspk.RangeError,
-             "args[0].i64: 1e+5000 is out of i64 range"),
+             "options.args[0]: 1e+5000 is out of i64 range"),
             (dict(args=[{"u32": (1 << 128) - 1}]), dspk.RangeError,
-             "args[0].u32: 340282366920938463463374607431768211455 is out of u32 range"),
+             "options.args[0]: 340282366920938463463374607431768211455 is out of u32 range"),
             # A tensor index beyond msgpack's ints is no input's index either: EINVAL
             # as the daemon's for 5, -1 or 2**63 (probe 20 C4c: it was RangeError).
             (dict(args=[{"tensor": 1 << 64}]), dspk.InvalidArgument,
-             "args[0].tensor: tensor 18446744073709551616 is not an input index"),
+             "options.args[0]: tensor 18446744073709551616 is not an input index"),
             (dict(args=[{"tensor": -(1 << 63) - 1}]), dspk.InvalidArgument,
-             "args[0].tensor: tensor -9223372036854775809 is not an input index"),
+             "options.args[0]: tensor -9223372036854775809 is not an input index"),
             (dict(grid="2"), dspk.InvalidArgument, "grid: expected an integer"),
             (dict(grid=[1, 2.0]), dspk.InvalidArgument, "grid[1]: expected an integer"),
             (dict(block=True), dspk.InvalidArgument, "block: expected an integer"),
@@ -556,6 +556,66 @@ def test_kernel_arguments(client):
     with pytest.raises(dspk.RangeError, match=r"options.args\[1\]: 1e\+39 is out of f32"):
         client.kernel("void main() {}", x, lang="glsl", grid=1, device="cpu:0",
                       args=[{"tensor": 0}, {"f32": 1e39}])
+    client.ping()
+
+
+def test_kernel_args_are_named_alike_by_the_client_and_the_daemon(client):
+    """A value of kernel ``args`` out of its type's range was named ``args[4].f64``
+    where the client refused it (beyond msgpack's ints, beyond float64) and
+    ``options.args[2]`` where the daemon did (beyond the type's own range): now
+    both name it as the daemon does (protocol.md), ``options.args[i]: V is out of T
+    range``, and a tensor that is no input's index ``options.args[i]: tensor V is not
+    an input index``, whichever side refuses it."""
+    x = np.zeros(4, np.float32)
+
+    def refusal(args):
+        with pytest.raises(dspk.Error) as e:
+            client.kernel("void main() {}", x, lang="glsl", grid=1, device="cpu:0",
+                          args=[{"tensor": 0}] + args)
+        return type(e.value), e.value.message
+
+    client_side = [([{"u32": 1 << 64}], "18446744073709551616", "u32"),
+                   ([{"i32": -(1 << 63) - 1}], "-9223372036854775809", "i32"),
+                   ([{"i64": 1 << 64}], "18446744073709551616", "i64"),
+                   ([{"f64": 10 ** 400}], "1e+400", "f64"),
+                   ([{"f32": 10 ** 400}], "1e+400", "f32")]
+    daemon_side = [([{"u32": -1}], "-1", "u32"), ([{"i32": 1 << 31}], "2147483648", "i32"),
+                   ([{"i64": 1 << 63}], "9223372036854775808", "i64")]
+    for args, text, kind in client_side + daemon_side:
+        assert refusal(args) == (dspk.RangeError, "options.args[1]: %s is out of %s range"
+                                 % (text, kind)), args
+    for v in (1 << 64, 5, -1):  # the client's (beyond msgpack), the daemon's
+        assert refusal([{"tensor": v}]) == (
+            dspk.InvalidArgument, "options.args[1]: tensor %d is not an input index" % v)
+    # A value of another type: named alike too (the daemon's "expected an integer")
+    assert refusal([{"i32": True}])[1].startswith("options.args[1]: expected an integer")
+    assert refusal([{"f32": 1e39}])[1].startswith("options.args[1]: 1e+39 is out of f32")
+    client.ping()
+
+
+def test_kernel_takes_1_to_4_tensors(client):
+    """protocol.md: a kernel's inputs are 1 to 4 tensors.  python.md and kernel()'s
+    docstring said nothing of it, and the client sent any number for the daemon to
+    refuse.  Now none or more than 4 is refused before anything is sent (so before a
+    staged operand's upload), in the daemon's own words and class."""
+    x = np.zeros(4, np.float32)
+    for n in (0, 5, 8):
+        for call in (lambda: client.kernel("void main() {}", *([x] * n), lang="glsl",
+                                           grid=1, device="cpu:0"),
+                     lambda: client.submit("kernel", "void main() {}", *([x] * n),
+                                           lang="glsl", grid=1, device="cpu:0").result()):
+            with pytest.raises(dspk.InvalidArgument) as e:
+                call()
+            assert e.value.message == ("inputs: expected a non-empty array of at most 4 "
+                                       "tensors, got an array of %d items" % n)
+    # The same words as the daemon's own check of a task's inputs (no client check there)
+    with pytest.raises(dspk.InvalidArgument) as d:
+        client._call("task.run", {"op": "kernel", "inputs": [], "device": "cpu:0",
+                                  "options": {"lang": "glsl", "source": "void main() {}",
+                                              "grid": [1]}})
+    assert d.value.message == ("inputs: expected a non-empty array of at most 4 tensors, "
+                               "got an array of 0 items")
+    assert "1 to 4" in dspk.Client.kernel.__doc__
     client.ping()
 
 
@@ -1002,9 +1062,21 @@ def test_ping_and_devices_arguments(client):
     """ping(5) raised a bare TypeError (len() of an int), ping("abc") memoryview's, a
     strided array's data memoryview's cast error; devices(all="no") listed every
     backend."""
-    for bad in (5, "abc", None):
+    for bad in (5, "abc", None, object()):
         with pytest.raises(dspk.InvalidArgument, match="data: expected a bytes-like"):
             client.ping(bad)
+    # A buffer of Python objects: its bytes are this process's addresses (probe 23 C3:
+    # they were sent and echoed), refused before anything is sent, as an op's operand
+    # of dtype object is.
+    for bad in (np.array([object(), object()]), np.array([1, "a"], dtype=object),
+                memoryview(np.array([object()])),
+                np.zeros(2, dtype=[("Oa", "<f4"), ("b", object)])):
+        with pytest.raises(dspk.DtypeError, match="data: a buffer of Python objects"):
+            client.ping(bad)
+        with pytest.raises(dspk.DtypeError, match="source: a buffer of Python objects"):
+            client.kernel(memoryview(bad), np.zeros(4, np.float32), lang="glsl", grid=1)
+    # a field named with an "O" is no object
+    assert client.ping(np.zeros(2, dtype=[("Oa", "<f4")])) >= 0
     for data in (b"", b"abc", bytearray(300000), np.arange(8.0)[::2], np.ones((3, 3))):
         assert client.ping(data) >= 0  # echoed and checked
     with pytest.raises(dspk.InvalidArgument, match="all: expected a bool"):

@@ -14,7 +14,9 @@ that nothing stays held: the connection is usable or closed (dspk.Closed), never
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -1241,3 +1243,189 @@ def test_an_interruption_that_cuts_no_message_keeps_the_connection(daemon, call)
     assert hit > 50, hit
     d.free()
     c.close()
+
+
+# ---- a signal handler's own Exception (probe 23 C1, C2) ------------------------------
+
+class _Alarm(Exception):
+    """A signal handler's own exception that is an Exception (an alarm-based timeout's)."""
+
+
+_HANDLER_EXCS = {
+    "TimeoutError": lambda: TimeoutError("my alarm"),  # an OSError
+    "ValueError": lambda: ValueError("my alarm"),
+    "Exception": lambda: _Alarm(""),                    # an empty text too
+    "dspk.Error": lambda: dspk.LimitExceeded("my alarm"),
+}
+
+
+class _HandlerAt:
+    """A SIGUSR1 handler raising a new exception of ``make()`` (kept in ``raised``), and
+    a profile function that calls it at the n-th point of the client's code where a
+    signal handler can run (a C call returning, a Python function starting), as
+    CPython would there: the exception comes from the installed handler's own frame,
+    as a real signal's does.  ``when(frame)``, if given, narrows the points."""
+
+    def __init__(self, make, n, c_calls=True, py_calls=True, when=None):
+        self.make, self.n, self.when = make, n, when
+        self.c_calls, self.py_calls = c_calls, py_calls
+        self.seen = 0
+        self.raised = []
+
+    def handler(self, signum, frame):
+        e = self.make()
+        self.raised.append(e)
+        raise e
+
+    def prof(self, frame, event, arg):
+        if not ((event == "c_return" and self.c_calls) or
+                (event == "call" and self.py_calls)):
+            return
+        if frame.f_code.co_filename != CLIENT_FILE:
+            return
+        if self.when is not None and not self.when(frame):
+            return
+        self.seen += 1
+        if self.seen == self.n + 1:
+            self.handler(signal.SIGUSR1, frame)
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGUSR1, self.handler)
+        sys.setprofile(self.prof)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+        signal.signal(signal.SIGUSR1, self.old)
+
+
+class _CallbackLog(logging.Handler):
+    """The records of logger concurrent.futures ("exception calling callback")."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __enter__(self):
+        logging.getLogger("concurrent.futures").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("concurrent.futures").removeHandler(self)
+
+
+@pytest.mark.parametrize("exc", sorted(_HANDLER_EXCS))
+@pytest.mark.parametrize("kind", ["c-return", "python-call"])
+def test_a_handlers_exception_in_empty_shared_propagates_as_it_is(daemon, kind, exc):
+    """A signal handler's exception at any point of empty_shared() came out as
+    dspk.IOFailure ("shared memory of N bytes: my alarm", a TimeoutError taken for a
+    failure of ftruncate/fcntl/mmap) or dspk.InvalidArgument ("empty_shared: shape
+    (...) of float32: my alarm", any Exception), its class and cause lost.  Now the
+    handler's very exception propagates at every point, whatever its class."""
+    c_calls, py_calls = kind == "c-return", kind == "python-call"
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    with _HandlerAt(_HANDLER_EXCS[exc], 10 ** 9, c_calls, py_calls) as h:
+        s = c.empty_shared(64)
+    points = h.seen
+    del s
+    assert points > 10, points
+    hit = 0
+    for n in range(points):
+        made = []
+        with _CallbackLog() as log:
+            with _HandlerAt(_HANDLER_EXCS[exc], n, c_calls, py_calls) as h:
+                try:
+                    made.append(c.empty_shared(64))
+                except dspk.Closed:  # a message was cut: the connection is closed
+                    assert h.raised
+                except BaseException as e:  # noqa: B036
+                    assert h.raised and e is h.raised[-1], (n, points, repr(e), h.raised)
+                    hit += 1
+        assert not [r for r in log.records if r.exc_info and r.exc_info[1] in h.raised], n
+        del made[:]
+        if c.closed:
+            c.close()
+            c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    assert hit > points // 2, (hit, points)
+    _check_unstuck(c)
+
+
+def test_a_handlers_exception_at_any_point_propagates_as_it_is(daemon):
+    """The same for the points of one round of _work (ops through shared temporaries,
+    a future, a DeviceArray), every other point (C calls returning and Python
+    functions starting alike; the KeyboardInterrupt test above takes each one), the
+    handler's exception of each class in turn: what propagates is the handler's very
+    exception (or dspk.Closed, where it cut a message), never another class
+    (dspk.IOFailure, dspk.InvalidArgument...), never one logged by concurrent.futures
+    as a done-callback's and dropped; nothing stays held.  (Where it lands in a
+    finalizer, Python reports it as ignored, as python.md says; _work then goes on.)"""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    with _HandlerAt(_HANDLER_EXCS["Exception"], 10 ** 9) as h:
+        _work(c)
+    points = h.seen
+    c.close()
+    assert points > 200, points
+    kinds = sorted(_HANDLER_EXCS)
+    hit = fired = 0
+    keep = []  # a client collected here would run close() on this thread
+    for n in range(0, points, 2):
+        make = _HANDLER_EXCS[kinds[(n // 2) % len(kinds)]]
+        c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+        keep.append(c)
+        mine = []
+        with _CallbackLog() as log:
+            with _HandlerAt(make, n) as h:
+                try:
+                    _work(c, mine)
+                except dspk.Closed:
+                    assert h.raised  # it cut a message: the connection is closed
+                except BaseException as e:  # noqa: B036
+                    assert h.raised and e is h.raised[-1], (n, points, repr(e), h.raised)
+                    hit += 1
+        fired += bool(h.raised)
+        logged = [r for r in log.records if r.exc_info and r.exc_info[1] in h.raised]
+        assert not logged, (n, points, [r.getMessage() for r in logged])
+        _check_unstuck(c, mine=mine)
+    assert fired > 100 and hit > fired // 2, (hit, fired, points)
+
+
+def _in(name):
+    """A ``when`` of _HandlerAt: the point is inside the client's function ``name``."""
+    def when(frame):
+        f = frame
+        while f is not None:
+            if f.f_code.co_name == name and f.f_code.co_filename == CLIENT_FILE:
+                return True
+            f = f.f_back
+        return False
+    return when
+
+
+@pytest.mark.parametrize("exc", sorted(_HANDLER_EXCS))
+def test_a_handlers_exception_in_the_temporaries_done_callback_propagates(client, exc):
+    """reduce() of a 2 MiB operand goes through a shared temporary, given back by the
+    client's own done-callback of the task's future (_temps_done) as the main thread
+    reads the answer.  A signal handler's Exception there (as _temp_put trimmed the
+    idle temporaries) was logged by concurrent.futures ("exception calling callback")
+    and dropped: reduce() returned as if no signal came, the bookkeeping cut halfway.
+    Now that very exception propagates from reduce(), after the callback ran again,
+    whole: no temporary stays busy, the idle ones are within their bound, and the
+    connection works."""
+    x = np.ones(1 << 19, np.float32)
+    assert client.reduce(x) == 1 << 19  # a temporary made and kept idle
+    with _CallbackLog() as log:
+        with _HandlerAt(_HANDLER_EXCS[exc], 0, c_calls=False,
+                        when=lambda f: f.f_code.co_name == "_temp_keep" and
+                        _in("_temps_done")(f)) as h:
+            with pytest.raises(BaseException) as got:
+                client.reduce(x)
+    assert h.raised and got.value is h.raised[0], (got.value, h.raised)
+    assert not log.records, [r.getMessage() for r in log.records]
+    with client._temp_lock:
+        assert not any(t.busy for t in client._temps), "a temporary stays busy"
+        assert sum(1 for t in client._temps if not t.busy) <= client._temp_keep()
+    assert client.reduce(x) == 1 << 19
+    _check_unstuck(client)
