@@ -831,6 +831,19 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
   char msg[256];
   int err;
 
+  /* d->zone holds one frame's objects at a time: a frame decoded while
+   * another's handler runs would clear that one's arguments under it
+   * (conn_process leaves such a frame to the loop, on_later; peek_cancels
+   * and conn_discard_refused call nothing between their decode and its
+   * clear that could take another frame). */
+  if (d->frame) {
+    dspkd_error("internal error: client %llu's frame decoded while client %llu's is handled",
+                (unsigned long long)c->id, (unsigned long long)d->frame->id);
+#ifdef DSPK_TEST_HOOKS
+    abort();
+#endif
+  }
+  d->frame = c;
   err = msgpack_unpack(p, n, &off, &d->zone, &root);
   if (err != MSGPACK_UNPACK_SUCCESS) {
     conn_protocol_error(c, err == MSGPACK_UNPACK_NOMEM_ERROR ? DSPK_ENOMEM : DSPK_EPROTO,
@@ -900,6 +913,7 @@ out:
   if (end)
     dspkd_shm_drop_upto(c, end);
   msgpack_zone_clear(&d->zone);
+  d->frame = NULL;
 }
 
 /* ---- reading while paused --------------------------------------------- */
@@ -1353,14 +1367,46 @@ static void turn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
   u->turn_ns += dspkd_now_ns() - t0;
 }
 
+/* The held frames of connections whose pause ended inside another frame's
+ * handler (conn_process): taken now, from the loop, each connection's in
+ * order (dspkd_conn_update_read).  Until then such a connection reads on
+ * as its limits allow: what it reads goes behind the frames it holds. */
+static void on_later(uv_idle_t *h) {
+  struct dspkd *d = h->data;
+  uv_idle_stop(h);
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    dspkd_conn_ref(c);
+    if (c->later) {
+      c->later = false;
+      dspkd_conn_update_read(c);
+    }
+    next = c->next;
+    dspkd_conn_unref(c);
+  }
+}
+
 /* Runs every complete frame in the read buffer while the connection may
  * take more requests. */
 static void conn_process(struct conn *c) {
   const struct dspk__limits *lim = &c->lim;
+  struct dspkd *d = c->d;
   char msg[256];
 
   if (c->in_process)
     return;
+  /* Inside another frame's handler, whose arguments d->zone holds: that
+   * handler ended this connection's pause (a task.cancel dropping a queued
+   * task whose answer counted in the user's max_user_unsent, a close giving
+   * back a connection's answers, job.end answering the job.end calls that
+   * waited), and this connection's held frames are left to the loop
+   * (on_later), never decoded and run inside that handler (its own
+   * connection's next frames wait for it anyway: c->in_process). */
+  if (d->frame) {
+    c->later = true;
+    if (!uv_is_closing((uv_handle_t *)&d->later))
+      uv_idle_start(&d->later, on_later);
+    return;
+  }
   c->in_process = true;
   dspkd_conn_ref(c);
   c->held = false;
@@ -2155,4 +2201,5 @@ void dspkd_conn_handles_close(struct dspkd *d) {
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
   uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
+  uv_close((uv_handle_t *)&d->later, NULL);
 }

@@ -470,6 +470,7 @@ struct conn {
   bool notice_armed;        /* notice_timer's first (0 ms) round is done */
   bool eof;                 /* the client half-closed: answer, then close */
   bool deferred;            /* its user's turn is used up: frames wait for the next */
+  bool later;               /* its pause ended inside another frame: d->later takes its frames */
   /* Paused (daemon/conn.c, peek_cancels): the stream position up to which
    * held frames were looked at for a task.cancel, how many of those wait
    * for their turn, and c->requests then. */
@@ -579,6 +580,10 @@ struct dspkd {
   struct job *done_head, *done_tail; /* guarded by done_mu */
   struct note *notes_head, *notes_tail; /* guarded by done_mu */
   msgpack_zone zone;                 /* decode of one frame at a time */
+  /* The connection whose frame d->zone holds now (conn_frame), else NULL:
+   * no other frame is decoded meanwhile (daemon/conn.c, conn_process). */
+  struct conn *frame;
+  uv_idle_t later;          /* frames held by a pause that ended inside a frame (conn.c) */
 
   struct device devs[DSPKD_MAX_DEVICES];
   int ndevs;
@@ -660,7 +665,9 @@ void dspkd_conn_close(struct conn *c, const char *why);
 void dspkd_conn_close_notice(struct conn *c, int code, const char *msg);
 void dspkd_conn_ref(struct conn *c);
 void dspkd_conn_unref(struct conn *c);
-/* Re-evaluates whether the connection may read (limits, backpressure). */
+/* Re-evaluates whether the connection may read (limits, backpressure), and
+ * takes the frames it holds once it may; inside another frame's handler
+ * those are left to the loop (daemon/conn.c, conn_process). */
 void dspkd_conn_update_read(struct conn *c);
 /* A method that answers later (trace, cache.stats, cache.clear, job.end)
  * takes one (with a reference) when it defers, and gives it back once its
@@ -884,7 +891,9 @@ uint64_t dspkd_quota_total(const struct dspkd *d, const struct device *dev);
 /* Charges (dspkd_sched_submit) or gives back (when it leaves the in-flight list)
  * what the job may take: its answer's bytes and its device memory. */
 /* Adds delta to the answer bytes (unsent + reserved) of c's user; once they
- * are back within max_user_unsent, the user's other connections read again. */
+ * are back within max_user_unsent, the user's other connections read again
+ * (their held frames taken from the loop when this runs inside a frame's
+ * handler: daemon/conn.c, conn_process). */
 void dspkd_user_answers(struct conn *c, int64_t delta);
 /* Whether raw_kernels (daemon/config.c) lets device id run raw kernels. */
 bool dspkd_raw_kernels_on(const struct dspkd_config *cfg, const char *id);

@@ -713,6 +713,8 @@ int main(int argc, char **argv) {
   d->hup_timer.data = d;
   uv_idle_init(&loop, &d->resume);
   d->resume.data = d;
+  uv_idle_init(&loop, &d->later);
+  d->later.data = d;
   /* SIGTERM and SIGINT have one watcher, daemon/lifecycle.c's: it logs the
    * signal, then stops, so the journal says why before "stopping". */
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
@@ -767,6 +769,7 @@ out_handles:
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
   uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
+  uv_close((uv_handle_t *)&d->later, NULL);
   dspkd_lifecycle_close(d);
   dspkd_sched_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);

@@ -2056,6 +2056,26 @@ def t_userunsent_many(exe, tmp):
     lazy_user_finishes(d, root, pid, r1, w2, "once it reads")
 
 
+def take_answers(c, want, seen, name):
+    """Reads c's answers until every msgid of want came (seen: msgid ->
+    message), each once; anything else (a notification, an answer not
+    asked for, one twice, the end of the stream) fails."""
+    while not want <= seen.keys():
+        data = c.sock.recv(1 << 20)
+        check(data, "%s: connection closed by the daemon" % name)
+        c.up.feed(data)
+        for m in c.up:
+            check(m[0] == 1, "%s: a notification: %r" % (name, m[:3]))
+            check(m[1] in want, "%s: an answer to msgid %r, not asked" % (name, m[1]))
+            check(m[1] not in seen, "%s: msgid %d answered twice" % (name, m[1]))
+            seen[m[1]] = m
+
+
+def unread(c):
+    """Bytes c sent that the daemon has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(c.sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
 def t_userpause(exe, tmp):
     """A connection paused by its user's other connections (max_user_unsent:
     their answers unread) while a large request is arriving on it is paused,
@@ -2077,18 +2097,6 @@ def t_userpause(exe, tmp):
     d = Daemon(exe, tmp, ["--no-cache", "--max-user-unsent", str(quota)], env=env)
     watcher, h, a, b = d.client(), d.client(), d.client(), d.client()
     conns = {"H": h, "A": a, "B": b}
-
-    def take(c, want, seen, name):
-        """Reads c's answers until every msgid of want came, each once."""
-        while not want <= seen.keys():
-            data = c.sock.recv(1 << 20)
-            check(data, "%s: connection closed by the daemon" % name)
-            c.up.feed(data)
-            for m in c.up:
-                check(m[0] == 1, "%s: a notification: %r" % (name, m[:3]))
-                check(m[1] in want, "%s: an answer to msgid %r, not asked" % (name, m[1]))
-                check(m[1] not in seen, "%s: msgid %d answered twice" % (name, m[1]))
-                seen[m[1]] = m
 
     # H's task holds cpu:0's runner (its operands and result, 80 KiB, are too
     # large for the loop to run it); B's small task queues behind it.
@@ -2120,10 +2128,7 @@ def t_userpause(exe, tmp):
         b.sock.sendall(bframe[:cut])
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
-
-    def outq(c):  # bytes the daemon has not read from c yet (SIOCOUTQ)
-        return struct.unpack("i", fcntl.ioctl(c.sock, termios.TIOCOUTQ, b"\0" * 4))[0]
-    while outq(b):
+    while unread(b):
         check(time.monotonic() < deadline, "the daemon read B's first part")
         time.sleep(0.005)
     # A pipelines pings and does not read their answers: its user's answers
@@ -2150,26 +2155,26 @@ def t_userpause(exe, tmp):
     r, _, _ = select.select([b.sock], [], [], 0)
     check(not r, "B has nothing to read (no EOF, no notice)")
     # (SIOCOUTQ counts the kernel's memory for them, a little more)
-    check(outq(b) >= 8192, "B's bytes wait in its socket while it is paused: %d" % outq(b))
+    check(unread(b) >= 8192, "B's bytes wait in its socket while it is paused: %d" % unread(b))
     # A reads: the pause ends, B's ping is read whole and answered.
     seen_a, seen_b, seen_h = {}, {}, {}
-    take(a, set(range(1, npings + 1)), seen_a, "A")
+    take_answers(a, set(range(1, npings + 1)), seen_a, "A")
     sender.join()
     check(sent == [True], "A's pings sent: %r" % sent)
     for i in range(npings):
         check(seen_a[i + 1][2] is None and seen_a[i + 1][3]["data"] == bytes([i]) * psize,
               "A's ping %d answered its data" % (i + 1))
     b.sock.sendall(bframe[cut + 8192:])
-    take(b, {bid}, seen_b, "B")
+    take_answers(b, {bid}, seen_b, "B")
     check(seen_b[bid][3]["data"] == bdata, "B's ping answered its data")
     # B's queued task and H's held one canceled: each answered once.
     b.sock.sendall(msgpack.packb([0, bid + 1, "task.cancel", [{"msgid": 1}]],
                                  use_bin_type=True))
-    take(b, {1, bid + 1}, seen_b, "B")
+    take_answers(b, {1, bid + 1}, seen_b, "B")
     h.msgid += 1
     h.sock.sendall(msgpack.packb([0, h.msgid, "task.cancel", [{"msgid": hid}]],
                                  use_bin_type=True))
-    take(h, {hid, h.msgid}, seen_h, "H")
+    take_answers(h, {hid, h.msgid}, seen_h, "H")
     for name, seen, tid, cid in (("B", seen_b, 1, bid + 1), ("H", seen_h, hid, h.msgid)):
         check(seen[cid][3] == {"canceled": True}, "%s: its task canceled" % name)
         check(seen[tid][2] and seen[tid][2]["name"] == "ECANCELED",
@@ -2178,11 +2183,85 @@ def t_userpause(exe, tmp):
     for name, c in conns.items():
         c.msgid = 1000
         c.send("ping", {"data": b"end"}, msgid=1000)
-        take(c, {1000}, {}, name)
+        take_answers(c, {1000}, {}, name)
         c.close()
     watcher.close()
     d.stop()
     check("no buffer space" not in d.logtext(), "no read refused:\n%s" % d.logtext()[-3000:])
+
+
+def t_nestresume(exe, tmp):
+    """A frame's handler that ends a pause of its user's other connections
+    (max_user_unsent) leaves their held requests to the loop: they are
+    decoded and run after that frame, never inside its handler, where they
+    were decoded into the daemon's one msgpack zone (d->zone) and cleared it
+    under the frame still being handled (no handler read its arguments after
+    that point, so no answer came out wrong; one that did would have read
+    another frame's objects, or freed memory).  Here A's task.cancel drops A's
+    queued task, whose reserved answer held the user over max_user_unsent
+    (the task queued behind H's, which DSPKD_TEST_CANCEL_WAIT=before holds
+    on cpu:0's runner); B, owing its own queued task's answer, was paused
+    with a ping held.  A test build aborts when a frame is decoded inside
+    another's handler (daemon/conn.c, conn_frame); the log says it in any
+    build.  Each request gets its one answer: A's cancel and its task's
+    ECANCELED, B's ping once the pause ended."""
+    env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
+    hook = "waits for the task's cancel before it runs"
+    quota = 256 << 10
+    d = Daemon(exe, tmp, ["--no-cache", "--max-user-unsent", str(quota)], env=env)
+    watcher, h, a, b = d.client(), d.client(), d.client(), d.client()
+    deadline = time.monotonic() + TIMEOUT
+    # H's task (40 KiB in and out: too large to run on the loop) holds the
+    # runner; B's small task and A's (320 KiB of result reserved, which
+    # puts the user's answers over the quota but within twice it: the
+    # watcher, owing nothing, is still read) queue behind it.
+    seen = d.logtext().count(hook)
+    hx = np.arange(10240, dtype=np.float32)
+    hid = h.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [tensor(hx)]})
+    while d.logtext().count(hook) == seen:
+        check(time.monotonic() < deadline, "H's task reached the hook")
+        time.sleep(0.005)
+    bid = b.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [tensor(np.arange(4, dtype=np.float32))]})
+    while cpu_running(watcher) != (1, 1):
+        check(time.monotonic() < deadline, "B's task queued")
+    ax = -np.arange(80 << 10, dtype=np.float32)
+    aid = a.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [tensor(ax)]})
+    while cpu_running(watcher) != (2, 1):
+        check(time.monotonic() < deadline, "A's task queued")
+    # B's ping is read and held: B is paused (no answer comes).
+    pid = b.send("ping", {"data": b"held"})
+    while unread(b):
+        check(time.monotonic() < deadline, "the daemon read B's ping")
+        time.sleep(0.005)
+    watcher.call("status")  # B's read was handled before this
+    r, _, _ = select.select([b.sock], [], [], 0)
+    check(not r, "B's ping is held while the user's answers pass max_user_unsent")
+    # A's cancel drops A's task: the pause ends inside its handler.
+    cid = a.send("task.cancel", {"msgid": aid})
+    seen_a, seen_b, seen_h = {}, {}, {}
+    take_answers(a, {aid, cid}, seen_a, "A")
+    check(seen_a[cid][3] == {"canceled": True}, "A: its task canceled: %r" % seen_a[cid])
+    check(seen_a[aid][2] and seen_a[aid][2]["name"] == "ECANCELED",
+          "A: its task answered ECANCELED: %r" % (seen_a[aid][2],))
+    take_answers(b, {pid}, seen_b, "B")
+    check(seen_b[pid][2] is None and seen_b[pid][3]["data"] == b"held",
+          "B's held ping answered its data: %r" % (seen_b[pid],))
+    # B's and H's tasks canceled: each answered once, then nothing more.
+    for name, c, tid, got in (("B", b, bid, seen_b), ("H", h, hid, seen_h)):
+        k = c.send("task.cancel", {"msgid": tid})
+        take_answers(c, {tid, k}, got, name)
+        check(got[k][3] == {"canceled": True}, "%s: its task canceled" % name)
+    for name, c in (("A", a), ("B", b), ("H", h)):
+        c.send("ping", {"data": b"end"}, msgid=1000)
+        take_answers(c, {1000}, {}, name)
+        c.close()
+    watcher.close()
+    d.stop()
+    check("internal error" not in d.logtext(), "no frame decoded inside another's "
+          "handler:\n%s" % d.logtext()[-3000:])
 
 
 def t_privacy(exe, tmp):
@@ -6587,6 +6666,7 @@ GROUPS = {
     "socket": t_socket,
     "backpressure": t_backpressure,
     "userpause": t_userpause,
+    "nestresume": t_nestresume,
     "progress": t_progress,
     "limits": t_limits,
     "wire": t_wire,
