@@ -98,8 +98,8 @@ static const struct key keys[] = {
      "configuration file (default " DSPKD_CONFIG_DEFAULT " when it exists; \"\" for none); "
      "options override it"},
     {"daemon", "socket", K_SOCKET, F(socket_path), 0, 0, false, IN_BOTH, NULL, "PATH",
-     "listen here (default $DSPK_SOCKET, else $XDG_RUNTIME_DIR/dspk/dspkd.sock, "
-     "/run/dspk/dspkd.sock as root)"},
+     "listen here (default $DSPK_SOCKET, else /run/dspk/dspkd.sock as root, else "
+     "$XDG_RUNTIME_DIR/dspk/dspkd.sock)"},
     {"daemon", "cache", K_STR, F(cache_path), 0, 0, false, IN_BOTH, NULL, "PATH",
      "the persistent cache file (SQLite); default $CACHE_DIRECTORY/cache.db under systemd, "
      "else $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db)"},

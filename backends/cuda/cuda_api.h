@@ -86,9 +86,10 @@ extern struct dspk__cufft_api dspk__cufft;
  * result), resolves every symbol of its table and returns 0, or a negative
  * dspk_errno with the reason ("libcuda.so.1 not found", "symbol X missing")
  * in why.  The test hook DSPK_CUDA_DRIVER (proto/testhook.h) overrides the
- * driver library's path; DSPK_CUDA_LIBDIR (environment, dspkd(8)) is
- * searched before the default locations for the toolkit libraries,
- * /usr/local/cuda/lib64 after them.
+ * driver library's path (else libcuda.so.1 in the dynamic linker's path
+ * alone); the toolkit libraries are looked for in the dynamic linker's
+ * path, then in DSPK_CUDA_LIBDIR (environment, dspkd(8)), then in
+ * /usr/local/cuda/lib64 and /usr/local/cuda/targets/x86_64-linux/lib.
  */
 int dspk__cuda_load_driver(char *why, size_t whylen);
 int dspk__cuda_load_nvrtc(char *why, size_t whylen);

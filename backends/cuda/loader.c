@@ -1,7 +1,9 @@
 /*
  * Run-time loading of the CUDA libraries (see cuda_api.h).  Each library is
  * looked for under its sonames, newest first, in the dynamic linker's path,
- * then in DSPK_CUDA_LIBDIR and /usr/local/cuda/lib64.  A library that
+ * then in DSPK_CUDA_LIBDIR, /usr/local/cuda/lib64 and
+ * /usr/local/cuda/targets/x86_64-linux/lib (the driver's libcuda.so.1 in
+ * the linker's path alone: dspk__cuda_load_driver).  A library that
  * cannot be opened or lacks a symbol leaves its table empty and reports why;
  * the result is remembered so later calls cost nothing.
  */

@@ -109,8 +109,9 @@ extern struct dspk__hipfft_api dspk__hipfft;
  * with the reason in why.  The test hooks (proto/testhook.h)
  * DSPK_HIP_RUNTIME, DSPK_HIP_BLAS and DSPK_HIP_FFT override those
  * libraries' paths ("none": do not load; hiprtc is then looked for in the
- * runtime's library first); DSPK_HIP_LIBDIR (environment, dspkd(8)) is
- * searched before the default locations, /opt/rocm/lib after them.
+ * runtime's library first); the libraries are looked for in
+ * DSPK_HIP_LIBDIR (environment, dspkd(8)), then in the dynamic linker's
+ * path, then in /opt/rocm/lib.
  */
 int dspk__hip_load_runtime(char *why, size_t whylen);
 int dspk__hip_load_hiprtc(char *why, size_t whylen);

@@ -123,7 +123,8 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
                            seen_uid ? "--uid" : "$SLURM_JOB_UID", dspk__sub_arg(uids));
   if (devs) {
     if (strlen(devs) >= sizeof devbuf)
-      return dspk__sub_usage(ctx, "--devices: too long");
+      return dspk__sub_usage(ctx, "--devices: longer than %zu bytes (%zu bytes; at most %d "
+                                  "UUIDs)", sizeof devbuf - 1, strlen(devs), MAX_UUIDS);
     strcpy(devbuf, devs);
     /* Comma separated (spaces around an item allowed); an empty item is a
      * mistake ("a,,b", a trailing comma), not skipped.  An empty whole

@@ -46,8 +46,8 @@
   "(through a temporary beside it; a failed write leaves it as it was).\n"    \
   "-o - writes the result .npy to standard output; the summary\n"             \
   "then goes to standard error.  The summary (or the JSON: device, time_us,\n" \
-  "outputs with dtype, shape, count and the first values or the file) says\n"  \
-  "where the task ran and the daemon's time for it.\n"
+  "outputs with dtype, shape, count and the first values or the file, \"-\"\n" \
+  "for -o -) says where the task ran and the daemon's time for it.\n"
 
 const dspk__sub_cmd dspk__sub_cmds[] = {
     {"ping", dspk__sub_ping, "round trip to the daemon, with timing",
@@ -139,7 +139,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "  -a, --axis K[,K...]    axis to reduce (negative counts from the end);\n"
      "                         repeat or use commas for several (no empty\n"
-     "                         item: 0, is refused)\n"
+     "                         item: 0, is refused; at most 8, none twice)\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
      "  -d, --device ID        device to run on (default any)\n"
      "      --json             print the result as JSON\n"
@@ -175,7 +175,9 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "                        (DTYPE f32, f64, c64, c128, f16 or bf16)\n"
      "  i32:V u32:V i64:V f32:V f64:V   a scalar\n"
      "The kernel writes its results into its tensors; the daemon returns\n"
-     "every tensor argument after the run.  At most 4 tensors.\n"
+     "every tensor argument after the run.  At most 4 tensors, and at most\n"
+     "16 ARGs in all; a zeros: tensor of at most 8 dimensions and 2^31\n"
+     "elements.\n"
      "\n"
      "  -e, --entry NAME       the kernel function (default main; GLSL: always\n"
      "                         main, not used)\n"
@@ -207,6 +209,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "clear deletes the entries of the kinds named (no flag: every kind);\n"
      "only the daemon's admins may (root, the user the daemon runs as, and\n"
      "admin_users/admin_groups of dspkd.conf; EPERM otherwise).\n"
+     "A daemon without a cache (no_cache, --no-cache) answers both with\n"
+     "ENOENT (exit status 1).\n"
      "\n"
      "  --kernels    clear: the compiled kernels\n"
      "  --autotune   clear: the autotune decisions\n"
@@ -272,7 +276,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
      "                      separated, no empty item (as devices lists them;\n"
      "                      dashes, case and a GPU- prefix do not matter);\n"
-     "                      hex digits and dashes only, at most 39 digits\n"
+     "                      hex digits and dashes only, at most 39 digits;\n"
+     "                      at most 64 UUIDs (4095 bytes)\n"
      "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };

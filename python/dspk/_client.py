@@ -6457,7 +6457,8 @@ class Client:
              trans_b: Flag = False, device: str = "any",
              out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
-        batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
+        batch axes broadcast as in numpy.matmul.  f32 or f64 (the result of that
+        dtype), or f16 or bf16 (the result f32).
         ``beta`` defaults to 1.0 when ``c`` is given (``gemm(a, b, c)`` is a@b + c, as
         dspk-submit's gemm) and to 0.0 without it; an explicit ``beta=0.0`` with ``c``
         reads no ``c`` (BLAS), and a nonzero ``beta`` without ``c`` is

@@ -1,6 +1,8 @@
 """Every op and dtype of the cpu backend against numpy references."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -317,3 +319,64 @@ def test_a_refused_large_operand_is_not_sent(client):
         client.submit("gemm", a, b)
     assert client._next_id == sent
     assert [x for x in client.status()["clients"] if x["self"]][0]["buffers"] == 0
+
+
+# The dtype rule each row of python.md's Ops table states, and the result dtype
+# (wire name) of each dtype the op takes; every other dtype is DtypeError.
+# Probe 23 H L1: the gemm row said "f32/f64, f16 and bf16 in with f32 out",
+# which reads as f32 for every dtype, where f64 gives f64.
+OP_DTYPE_RULES = {
+    "gemm": ("a and b of one dtype: f32 or f64 (the result of that dtype), or f16 or bf16 "
+             "(the result f32)", {"f32": "f32", "f64": "f64", "f16": "f32", "bf16": "f32"}),
+    "fft": ("x c64 or c128 (the result of that dtype); real x, f32 or f64: `numpy.fft.rfft` "
+            "(the result c64 or c128)",
+            {"c64": "c64", "c128": "c128", "f32": "c64", "f64": "c128"}),
+    "fir": ("x and h of one dtype, f32, f64, c64 or c128, the result of that dtype",
+            {d: d for d in ("f32", "f64", "c64", "c128")}),
+    "contract": ("a and b of one dtype, f32, f64, c64 or c128, the result of that dtype",
+                 {d: d for d in ("f32", "f64", "c64", "c128")}),
+    "reduce": ("x f32, f64, c64 or c128, the result of x's dtype",
+               {d: d for d in ("f32", "f64", "c64", "c128")}),
+    "map": ("one dtype, f32, f64, c64 or c128, the result of a's dtype",
+            {d: d for d in ("f32", "f64", "c64", "c128")}),
+}
+
+
+def test_ops_table_states_each_ops_dtype_rule(client):
+    """Each row of python.md's Ops table states the op's dtypes and the dtype of its
+    result, as the daemon has them (backends/op.c; protocol.md's op table), and each
+    dtype the row names gives that result, every other is DtypeError."""
+    import re
+    md = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                      "python.md")
+    if not os.path.exists(md):  # a copy of python/ alone (tests/python/run.sh)
+        pytest.skip("docs/python.md not found from here")
+    text = " ".join(open(md).read().split())
+    names = {"f16": np.float16, "f32": np.float32, "f64": np.float64,
+             "c64": np.complex64, "c128": np.complex128}
+    for op, (rule, results) in OP_DTYPE_RULES.items():
+        row = re.search(r"\| `%s\(.*?\|(.*?) \|" % op, text)
+        assert row, "python.md has no Ops row for %s" % op
+        assert rule in row.group(1), "python.md's %s row lacks %r: %s" % (op, rule,
+                                                                           row.group(1))
+        for wire in ("f16", "bf16", "f32", "f64", "c64", "c128"):
+            def arr(shape):
+                x = RNG.uniform(-1, 1, shape)
+                if wire == "bf16":
+                    return dspk.to_bfloat16(x.astype(np.float32))
+                return x.astype(names[wire])
+            call = {"gemm": lambda: client.gemm(arr((2, 3)), arr((3, 2)), device="cpu:0"),
+                    "fft": lambda: client.fft(arr((2, 8)), device="cpu:0"),
+                    "fir": lambda: client.fir(arr((2, 8)), arr((3,)), device="cpu:0"),
+                    "contract": lambda: client.contract("ij,jk->ik", arr((2, 3)),
+                                                        arr((3, 2)), device="cpu:0"),
+                    "reduce": lambda: client.reduce(arr((2, 3)), "sum", device="cpu:0"),
+                    "map": lambda: client.map("add", arr((2, 3)), arr((2, 3)),
+                                              device="cpu:0")}[op]
+            if wire not in results:
+                with pytest.raises(dspk.DtypeError):
+                    call()
+                continue
+            got = call().dtype
+            want = dspk.bfloat16 if results[wire] == "bf16" else np.dtype(names[results[wire]])
+            assert got == want, "%s of %s gave %s, want %s" % (op, wire, got, want)

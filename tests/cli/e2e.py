@@ -734,6 +734,32 @@ def suite_info(cli, tmp):
                        % TIME, out), "summary %r" % out)
     top_terminal(cli)
     trace_seconds_text(cli, tmp)
+    no_cache_and_stdout_file(cli, tmp)
+    # A UUID no device of the daemon has: ENODEV, exit 1, nothing registered, as
+    # cli.md (job) says (probe 23 H's sweep: not said there).
+    cli.fails(["job", "register", "--job", "9", "--uid", "5", "--devices", "GPU-0123abcd"],
+              "job", "ENODEV", detail="--devices item 1: no device of this daemon has the "
+              "UUID 0123abcd")
+    check(cli.ok("job", "end", "--job", "9") == "job 9: not registered on this node\n",
+          "job 9 registered after ENODEV")
+
+
+def no_cache_and_stdout_file(cli, tmp):
+    """Probe 23 H L4, L5: cache stats and cache clear fail ENOENT (exit 1) on a daemon
+    without a cache (this suite's runs with --no-cache), as cli.md and cache --help now
+    say; --json's "file" of -o - is "-", as cli.md says (the text line: standard
+    output)."""
+    why = 'the daemon runs without a cache (no_cache, --no-cache or --cache "")'
+    for args in (["cache", "stats"], ["cache", "stats", "--json"], ["cache", "clear"],
+                 ["cache", "clear", "--kernels", "--json"]):
+        cli.fails(args, "cache", "ENOENT", detail=why)
+    a = os.path.join(tmp, "sq.npy")
+    np.save(a, np.eye(3))
+    rc, out, err = cli.run("gemm", a, a, "-o", "-", raw=True)
+    check(rc == 0 and re.fullmatch(r"f64 \(3, 3\) on cpu:0, %s: wrote standard output\n"
+                                   % TIME, err), "-o - text: %r" % err)
+    rc, out, err = cli.run("gemm", a, a, "-o", "-", "--json", raw=True)
+    check(rc == 0 and json.loads(err)["outputs"][0]["file"] == "-", "-o - json: %r" % err)
 
 
 def trace_seconds_text(cli, tmp):
@@ -2552,6 +2578,37 @@ def suite_shell_eperm(cli, tmp):
         os.chmod(tmp, 0o700)
 
 
+def no_device(cli, tmp, dspkd):
+    """A daemon with no device at all (its backends found none) answers the compute
+    commands and kernel on any with ENODEV "no device is available", and a --device
+    as an unknown one, as cli.md (--device) says (probe 23 H: not said there)."""
+    d = Daemon(dspkd, tmp, backends="hip", name="nodev")
+    try:
+        c = Cli(cli.binary, d.sock)
+        if json.loads(c.ok("devices", "--json"))["devices"]:
+            return  # this host has a HIP device
+        a = os.path.join(tmp, "nodev.npy")
+        np.save(a, np.ones((2, 2)))
+        h = os.path.join(tmp, "nodev_h.npy")
+        np.save(h, np.ones(3))
+        src = os.path.join(tmp, "nodev.cu")
+        with open(src, "w") as f:
+            f.write("extern \"C\" __global__ void main(float *y) {}\n")
+        for args in (["gemm", a, a], ["fft", a], ["fir", a, h], ["reduce", "sum", a],
+                     ["map", "abs", a], ["contract", "ij,jk->ik", a, a],
+                     ["kernel", src, "zeros:f32:4"]):
+            c.fails(args, args[0], "ENODEV", detail="no device is available")
+        c.fails(["gemm", a, a, "--device", "cpu:0"], "gemm", "ENODEV",
+                detail='no device "cpu:0" (the devices method lists them)')
+    finally:
+        d.stop()
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "docs", "cli.md")) as f:
+        doc = " ".join(f.read().split())
+    check("`ENODEV: no device is available`" in doc,
+          "cli.md does not say what a daemon with no device answers")
+
+
 def suite_refused(cli, tmp, dspkd):
     """The daemon's refusal reaches dspk-submit whole, every time: it used to close
     at once, so the hello's send failed with EPIPE (or the read with ECONNRESET)
@@ -2581,6 +2638,7 @@ def suite_refused(cli, tmp, dspkd):
         for h in held:
             h.close()
         d.stop()
+    no_device(cli, tmp, dspkd)
     if os.geteuid() != 0:
         return  # allow_users admits the daemon's own user: another one is needed
     conf = os.path.join(tmp, "allow.conf")
@@ -3613,6 +3671,37 @@ def help_matches_doc(cli):
           "devices `status` shows you" in sections["trace"] and
           "slices named `other`" in sections["trace"] and "every job" not in h,
           "trace --help: %r" % h)
+    # Probe 23 H L3, L4 and their siblings: a limit or a failure a command has is
+    # said in its --help and in cli.md alike.
+    flat = {c: " ".join(t.split()) for c, t in sections.items()}
+    for c, in_help, in_doc in (
+            ("job", "at most 64 UUIDs (4095 bytes)", "more than 64 UUIDs (`--devices: at most "
+             "64 UUIDs`"),
+            ("job", "at most 39 digits", "or more than 39"),
+            ("cache", "A daemon without a cache (no_cache, --no-cache) answers both with "
+             "ENOENT (exit status 1)", "`dspk-submit: cache: ENOENT: the daemon runs without "
+             "a cache (no_cache, --no-cache or --cache \"\")` and exit status 1"),
+            ("kernel", "at most 16 ARGs in all", "scalars up to 16 arguments in all"),
+            ("kernel", "at most 8 dimensions and 2^31 elements", "at most 8 dimensions and "
+             "2^31 elements"),
+            ("reduce", "at most 8, none twice", "at most 8 of them")):
+        h = " ".join(cli.ok(c, "--help", sock=False).split())
+        check(in_help in h, "%s --help lacks %r" % (c, in_help))
+        check(in_doc in flat[c], "cli.md's %s lacks %r" % (c, in_doc))
+    # And the limit holds, before connecting: 64 UUIDs are taken (the missing
+    # daemon is the error then), 65 are a bad command line, as a value past 4095 bytes.
+    reg = ["--socket", "/nonexistent/d.sock", "job", "register", "--job", "9", "--uid", "5",
+           "--devices"]
+    uuids = ["GPU-%032x" % i for i in range(1, 66)]
+    rc, _, err = cli.run(*reg, ",".join(uuids[:64]), sock=False)
+    check(rc == 1 and "UUID" not in err, "64 UUIDs: exit %d, %r" % (rc, err))
+    cli.fails(reg + [",".join(uuids)], "job", "EINVAL", rc_want=2,
+              detail="--devices: at most 64 UUIDs", sock=False)
+    cli.fails(reg + [" " * 4000 + ",".join(uuids[:3])], "job", "EINVAL", rc_want=2,
+              detail="--devices: longer than 4095 bytes", sock=False)
+    check('`"file":"-"` for `-o -`' in " ".join(doc.split()) and
+          '\"-\" for -o -' in " ".join(cli.ok("gemm", "--help", sock=False).split()),
+          "cli.md or gemm --help does not say --json's file of -o -")
     # Sizes: every unit that the parser takes (proto/units.h) works and the
     # help says so.
     check("KiB" in cli.ok("ping", "--help", sock=False), "ping --help omits KiB")

@@ -76,6 +76,7 @@ def value(kind, text):
 conf = read("systemd", "dspkd.conf")
 lines = conf.splitlines()
 seen = 0
+exceptions = {}  # key -> why its uncommented line would change something
 for i, line in enumerate(lines):
     m = re.fullmatch(r"#([a-z_]+) =(?: (.*))?", line)
     if not m:
@@ -97,6 +98,7 @@ for i, line in enumerate(lines):
         continue
     kind, desc = options[flag]
     if kind == "PATH":
+        exceptions[key] = "the installed service's path"
         continue  # the installed service's paths, as the header says
     if kind is None:  # a flag without a value: a yes/no key, off unless given
         if shown != "no":
@@ -112,6 +114,7 @@ for i, line in enumerate(lines):
                        % (key, shown, flag, d.group(1)))
         continue
     # A default with no value to write (computed, or off): "(default: ...)".
+    exceptions[key] = "an example" if example else "a computation"
     if not re.search(r"\(default: [^)]*\)", desc):
         bad.append("dspkd --help: %s names no default" % flag)
     elif not example and "leave the key out" not in shown:
@@ -124,6 +127,26 @@ for i, line in enumerate(lines):
                    % (key, shown))
 if seen < 30:
     bad.append("dspkd.conf: read only %d commented keys" % seen)
+# Each line whose uncommenting would change something is named as such where
+# the promise "uncommenting a line changes nothing" is made: the file's header
+# and dspk.conf(5)'s DESCRIPTION (probe 23 H: the page said it without the
+# exceptions of socket, cache and job_state, true only for the service, and of
+# the computed max_user_clients and max_user_maps).
+header = " ".join(l[2:] for l in lines[:lines.index("[daemon]")] if l.startswith("# "))
+page = read("man", "dspk.conf.5.scd").replace("\\_", "_")
+para = [p for p in page.split("\n\n") if "uncommenting a line" in p]
+if len(para) != 1:
+    bad.append("dspk.conf(5): %d paragraphs say what uncommenting a line does, want 1"
+               % len(para))
+para = " ".join(" ".join(para).split())
+if len(exceptions) < 7:
+    bad.append("dspkd.conf: only %d lines that are no plain default: %s"
+               % (len(exceptions), sorted(exceptions)))
+for key, why in sorted(exceptions.items()):
+    for where, text in (("dspkd.conf's header", header), ("dspk.conf(5), DESCRIPTION", para)):
+        if not re.search(r"\b%s\b" % key, text):
+            bad.append("%s promises that uncommenting a line changes nothing, but does not "
+                       "name %s, whose line shows %s" % (where, key, why))
 
 # ---- docs/security.md: which limits are flags ----------------------------------
 

@@ -44,6 +44,38 @@ for opt in $("$dspkd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
   grep -q -- "\*$opt\*" "$src/man/dspkd.8.scd" || fail "dspkd(8) does not describe $opt"
 done
 
+# The default socket is stated in the same words, root's before the user's,
+# in --help, dspkd(8), dspk.conf(5) and the shipped file (probe 23 H L2: the
+# three gave three orders, and dspk.conf(5) had root's alone).  Compared
+# with the pages' markup (* _ \), the file's "# " and line breaks taken out.
+flat() { sed 's/^# \{0,1\}//' "$@" | tr -s ' \n\t' '   ' | tr -d '*_\\'; }
+sock=$("$dspkd" --help | tr -s ' \n' '  ' |
+       sed -n 's/.*--socket PATH listen here (default \([^()]*\)).*/\1/p')
+case $sock in
+  '$DSPK_SOCKET, else /run/dspk/dspkd.sock as root, else $XDG_RUNTIME_DIR/dspk/dspkd.sock') ;;
+  *) fail "dspkd --help gives the default socket as '$sock', not in the order dspkd takes it" ;;
+esac
+sockflat=$(printf '%s' "$sock" | tr -d '_')
+for f in man/dspkd.8.scd man/dspk.conf.5.scd systemd/dspkd.conf; do
+  flat "$src/$f" | grep -qF -- "$sockflat" ||
+    fail "$f does not give the default socket as dspkd --help does: $sock"
+done
+
+# The raw-kernel compile's time limit is said as what it is, wall-clock time
+# (kcompile.h; RLIMIT_CPU only backs it), wherever it is stated, and the
+# internal --kernel-compile is said to be one (probe 23 H: "5 s", and an
+# option "dspkd --kernel-compile" that --help does not list).
+ks=$(sed -n 's/^#define DSPK__KCOMPILE_TIME_S \([0-9]*\)$/\1/p' "$src/backends/common/kcompile.h")
+[ -n "$ks" ] || fail "no DSPK__KCOMPILE_TIME_S in backends/common/kcompile.h"
+for f in docs/admin.md docs/security.md docs/protocol.md man/dspkd.8.scd; do
+  flat "$src/$f" | grep -qF "$ks s of wall-clock time" ||
+    fail "$f does not say the raw-kernel compile's $ks s are wall-clock time"
+  if flat "$src/$f" | grep -qF -- "--kernel-compile" &&
+     ! flat "$src/$f" | grep -qF "internal mode"; then
+    fail "$f names dspkd --kernel-compile without saying it is an internal mode"
+  fi
+done
+
 # The configuration file dspkd reads by default (its --help names it) is the
 # one dspkd(8) and dspk.conf(5) name, as built (the sysconfdir of the build:
 # /etc/dspk in the Debian packages).
