@@ -1913,6 +1913,9 @@ def _foreign_array(what: str, d: "DeviceArray") -> str:
             "an op of its own client, or its .numpy() here" % (what, d.buffer))
 
 
+_FREE_CLAIM = _thread.allocate_lock()  # DeviceArray.free()'s claim, held for a flag
+
+
 class DeviceArray:
     """A tensor in a daemon-side buffer (``buffer.create``), owned by one connection.
 
@@ -1933,6 +1936,7 @@ class DeviceArray:
         self._offset = offset
         self._size_bytes = size if size is not None else self.nbytes
         self._freed = False
+        self._freeing = False  # a free() claimed it (free())
 
     @property
     def client(self) -> "Client":
@@ -1995,11 +1999,22 @@ class DeviceArray:
         """Frees the buffer (``buffer.free``); requests already sent still see it.  A
         second free() of the same DeviceArray does nothing, and so does one after its
         client closed (the buffer went with the connection)."""
+        # One free() of a DeviceArray frees it: the first to claim it, under a lock,
+        # while it waits for the submit()s before it (probe 23 G1: two threads both got
+        # past the check during that wait; the second buffer.free was ENOBUF).
+        with _FREE_CLAIM:
+            if self._freed or self._freeing:
+                return
+            self._freeing = True
         if not self._freed:
             if not self.client.closed:
                 # The submit()s made before, which may use this array, are sent first,
                 # before it is marked freed (the worker refuses a freed operand).
-                self.client._after_jobs("buffer.free")
+                try:
+                    self.client._after_jobs("buffer.free")
+                except BaseException:  # noqa: B036 - not freed: a later free() may
+                    self._freeing = False
+                    raise
             self._freed = True
             try:
                 if self.client.closed:  # the buffer went with the connection

@@ -832,6 +832,63 @@ def test_free_after_the_client_closed(daemon):
     d.free()
 
 
+def test_two_threads_free_one_device_array(daemon, monkeypatch):
+    """Two threads free() one DeviceArray while the first waits for the submit()s before
+    it (probe 23 G1: both got past the check during that wait and the second buffer.free
+    was dspk.NoBuffer): the second does nothing, one buffer.free is sent, the buffer is
+    gone; a first free() interrupted in that wait leaves the array free-able."""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    try:
+        waiting, go = threading.Event(), threading.Event()
+        real = c._after_jobs
+        frees = []
+
+        def after_jobs(what):
+            frees.append(what)
+            waiting.set()
+            assert go.wait(TIMEOUT)
+            return real(what)
+        monkeypatch.setattr(c, "_after_jobs", after_jobs)
+        d = c.to_device(f32(4))
+        errors = []
+
+        def first():
+            try:
+                d.free()
+            except BaseException as e:  # noqa: B036
+                errors.append(e)
+        t = threading.Thread(target=first)
+        t.start()
+        assert waiting.wait(TIMEOUT)
+        d.free()  # while the first waits: nothing, no error
+        go.set()
+        t.join(TIMEOUT)
+        assert not t.is_alive() and errors == [] and frees == ["buffer.free"]
+        mine = [x for x in c.status()["clients"] if x.get("self")]
+        assert len(mine) == 1 and mine[0]["buffers"] == 0, mine
+        with pytest.raises(dspk.NoBuffer):
+            c.reduce(d)
+
+        # Interrupted in the wait: not freed, and a later free() frees it.
+        class Stop(Exception):
+            pass
+
+        def interrupted(what):
+            raise Stop()
+        x = f32(4)
+        e = c.to_device(x)
+        monkeypatch.setattr(c, "_after_jobs", interrupted)
+        with pytest.raises(Stop):
+            e.free()
+        monkeypatch.setattr(c, "_after_jobs", real)
+        assert abs(float(c.reduce(e)) - float(x.sum())) <= 1e-6
+        e.free()
+        with pytest.raises(dspk.NoBuffer):
+            c.reduce(e)
+    finally:
+        c.close()
+
+
 def test_protocol_error_before_close(tmp_path):
     fake = FakeDaemon(str(tmp_path / "fake.sock"))
     c = dspk.connect(fake.path, timeout=TIMEOUT)
