@@ -1663,6 +1663,20 @@ void dspkd_conn_update_read(struct conn *c) {
     uv_timer_start(&c->d->hup_timer, on_hup_poll, HUP_POLL_MS, HUP_POLL_MS);
 }
 
+/* A reload may raise max_inflight, max_unsent or max_user_unsent: every
+ * connection is looked at again, so that one paused by an old value reads
+ * (and takes its held requests) at once, not when one of its requests ends
+ * (protocol.md, "Limits"; probe 23 G2).  Inside a frame (daemon.reload) the
+ * other connections' held frames are left to the loop (conn_process). */
+void dspkd_conn_reloaded(struct dspkd *d) {
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    dspkd_conn_ref(c);
+    dspkd_conn_update_read(c);
+    next = c->next;
+    dspkd_conn_unref(c);
+  }
+}
+
 /* ---- accepting -------------------------------------------------------- */
 
 /* How many of d's connections other than self (only user u's when u is not

@@ -669,6 +669,8 @@ void dspkd_conn_unref(struct conn *c);
  * takes the frames it holds once it may; inside another frame's handler
  * those are left to the loop (daemon/conn.c, conn_process). */
 void dspkd_conn_update_read(struct conn *c);
+/* After a reload: every connection's reading looked at again (limits raised). */
+void dspkd_conn_reloaded(struct dspkd *d);
 /* A method that answers later (trace, cache.stats, cache.clear, job.end)
  * takes one (with a reference) when it defers, and gives it back once its
  * answer is sent (or dropped): a half-closed connection stays open for it. */

@@ -110,8 +110,10 @@ int dspkd_reload(struct dspkd *d, char *msg, size_t msglen) {
   err = dspkd_config_reload(d, msg, msglen);
   /* The allow lists admit a peer at its connection and for as long as it
    * stays connected: one the new lists refuse is closed now. */
-  if (err == 0)
+  if (err == 0) {
     dspkd_admin_reloaded(d);
+    dspkd_conn_reloaded(d);
+  }
   dspkd_notify_reloaded(d, err >= 0);
   return err;
 }

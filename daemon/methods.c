@@ -583,8 +583,9 @@ int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size) {
                 dev->id);
   /* Creates still in flight count: pipelined creates cannot overshoot. */
   if (c->nbufs + c->creating >= c->d->cfg.max_buffers)
-    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffer%s (max_buffers)",
-                c->nbufs + c->creating, c->nbufs + c->creating == 1 ? "" : "s");
+    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffer%s, at most %" PRIu64
+                " (max_buffers): free some first", c->nbufs + c->creating,
+                c->nbufs + c->creating == 1 ? "" : "s", (uint64_t)c->d->cfg.max_buffers);
   return 0;
 }
 

@@ -3719,6 +3719,53 @@ def t_sharenomemfd(exe, tmp):
         check(said == (1 if name == "ENOTSUP" else 0), "logged %d times" % said)
 
 
+def t_reloadunpause(exe, tmp):
+    """A connection paused by max_inflight reads at once when a reload raises
+    it (protocol.md, "Limits": the limits follow a reload at once on every
+    connection; probe 23 G2: its held ping waited until its task ended).  The
+    task is held before it runs by DSPKD_TEST_CANCEL_WAIT=before, so only the
+    reload can let the ping through; then its cancel ends it."""
+    conf = os.path.join(tmp, "unpause.conf")
+    with open(conf, "w") as f:
+        f.write("[limits]\nmax_inflight = 1\n")
+    os.chmod(conf, 0o600)
+    env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
+    hook = "waits for the task's cancel before it runs"
+    d = Daemon(exe, tmp, ["--config", conf], env=env)
+    c, w = d.client(), d.client()
+    x = np.arange(10240, dtype=np.float32)
+    tid = c.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                              "inputs": [tensor(x)]})
+    deadline = time.monotonic() + TIMEOUT
+    while hook not in d.logtext():
+        check(time.monotonic() < deadline, "the task reached the hook")
+        time.sleep(0.005)
+    pid = c.send("ping", {"data": b"held"})
+    # Paused (max_inflight 1, its task in flight): the ping is not taken in
+    # until something lets the connection read again; before the fix only the
+    # task's end did, so the wait below ran into the socket's timeout.
+    while not [x for x in w.call("status")["clients"]
+               if not x.get("self") and x.get("inflight") == 1 and x.get("requests") == 1]:
+        check(time.monotonic() < deadline, "the task in flight")
+        time.sleep(0.005)
+    with open(conf, "w") as f:
+        f.write("[limits]\nmax_inflight = 4\n")
+    check(w.call("daemon.reload") == {"reloaded": True}, "reloaded")
+    check(c.wait(pid) == {"data": b"held"}, "the held ping is answered after the reload")
+    check(tid not in c.responses, "the task is still held")
+    cid = c.send("task.cancel", {"msgid": tid})
+    e = None
+    try:
+        c.wait(tid)
+    except RpcError as err:
+        e = err
+    check(e is not None and e.name == "ECANCELED", "the task canceled: %r" % (e,))
+    c.wait(cid)
+    c.close()
+    w.close()
+    d.stop()
+
+
 def t_memtotal(exe, tmp):
     """All users' device memory together (max_memory; probe 21 E1: three
     users held 24 GiB of cpu buffers on a 23.5 GiB host, each within its
@@ -6703,6 +6750,7 @@ GROUPS = {
     "memquota": t_memquota,
     "memtotal": t_memtotal,
     "sharenomemfd": t_sharenomemfd,
+    "reloadunpause": t_reloadunpause,
     "cancel": t_cancel,
     "canceldone": t_canceldone,
     "pausecancel": t_pausecancel,

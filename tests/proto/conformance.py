@@ -5355,7 +5355,7 @@ def plurals_of_one(env):
     c = env.conn()
     b = c.ok("buffer.create", {"device": "cpu:0", "size": 1})["buffer"]
     expect(c.call("buffer.create", {"device": "cpu:0", "size": 8}), "ELIMIT",
-           "this connection already has 1 buffer (max_buffers)")
+           "this connection already has 1 buffer, at most 1 (max_buffers): free some first")
     expect(c.call("buffer.write", {"buffer": b, "offset": 1, "data": b"a"}), "ERANGE",
            "writing 1 byte at offset 1 overruns buffer %d of 1 byte" % b)
     expect(c.call("buffer.read", {"buffer": b, "offset": 1, "size": 1}), "ERANGE",
