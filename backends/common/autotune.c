@@ -608,6 +608,12 @@ int dspk__autotune_choose(struct dspk__cache *cache,
   }
   e->users--;
   pthread_mutex_unlock(&table_mu);
+  /* Canceled during its step after a run that completed the whole op: the
+   * caller answers with that result (ran_ok), so the step ends with its 1
+   * as every step of a task answered with its result does (protocol.md,
+   * task.progress; probe 23 G3: the progress stopped at its last fraction). */
+  if (rc == DSPK_ECANCELED && req->ran_ok && *req->ran_ok == 1 && req->progress)
+    req->progress(req->progress_ud, what, 1.0);
   if (rc != 0)
     return rc;
   if (waited && req->progress)

@@ -369,6 +369,21 @@ static void test_single_flight(void **state) {
   dspk__cache_close(c);
 }
 
+struct prog {
+  double last;
+  int calls, backwards;
+  char what[64];
+};
+
+static void on_progress(void *ud, const char *what, double f) {
+  struct prog *p = ud;
+  if (f < p->last || f > 1.0)
+    p->backwards++;
+  p->last = f;
+  p->calls++;
+  snprintf(p->what, sizeof p->what, "%s", what);
+}
+
 static void test_cancel(void **state) {
   (void)state;
   struct dspk__autotune_req r = base_req();
@@ -378,17 +393,26 @@ static void test_cancel(void **state) {
    * result); without ran_ok nothing is written. */
   atomic_int cancel = 0;
   int ran_ok = -1;
+  struct prog p = {0};
   r.cancel = &cancel;
   r.ran_ok = &ran_ok;
+  r.progress = on_progress;
+  r.progress_ud = &p;
   F.cancel_on_run = &cancel;
   assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), DSPK_ECANCELED);
   assert_int_equal(total_calls(), 1);
   assert_int_equal(ran_ok, 1);
-  /* A run that failed before the cancel: 0. */
+  /* Its result stands (the caller answers with it): the step ends with its
+   * 1 (probe 23 G3: the progress stopped where the cancel came). */
+  assert_true(p.last == 1.0);
+  /* A run that failed before the cancel: 0, and no 1 (ECANCELED answers). */
   atomic_store(&cancel, 0);
   F.fail[0] = DSPK_EDEVICE;
+  p = (struct prog){0};
   assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), DSPK_ECANCELED);
   assert_int_equal(ran_ok, 0);
+  assert_true(p.last < 1.0);
+  r.progress = NULL;
   F.fail[0] = 0;
   /* Canceled before any run: left as it was. */
   ran_ok = -1;
@@ -423,21 +447,6 @@ static void test_cancel(void **state) {
   pthread_join(t1, NULL);
   assert_int_equal(tuner.rc, 0);
   assert_int_equal(tuner.how, DSPK__AUTOTUNE_TUNED);
-}
-
-struct prog {
-  double last;
-  int calls, backwards;
-  char what[64];
-};
-
-static void on_progress(void *ud, const char *what, double f) {
-  struct prog *p = ud;
-  if (f < p->last || f > 1.0)
-    p->backwards++;
-  p->last = f;
-  p->calls++;
-  snprintf(p->what, sizeof p->what, "%s", what);
 }
 
 static void test_progress(void **state) {
