@@ -1302,19 +1302,29 @@ static void conn_land(struct conn *c, struct rchunk *k) {
 #define TURN_MSGS 256u
 #define TURN_NS (2u * 1000 * 1000)
 
-static void on_resume(uv_idle_t *h) {
-  struct dspkd *d = h->data;
-  uv_idle_stop(h);
-  d->turn_gen++;
+/* dspkd_conn_update_read on every connection whose flag at offset flag (a
+ * bool of struct conn) is set, clearing it; on every one when flag is
+ * SIZE_MAX.  A connection closed meanwhile stays in the list until its
+ * close callback: the walk holds each one it visits. */
+static void update_reads(struct dspkd *d, size_t flag) {
   for (struct conn *c = d->conns, *next; c; c = next) {
     dspkd_conn_ref(c);
-    if (c->deferred) {
-      c->deferred = false;
+    bool *set = flag == SIZE_MAX ? NULL : (bool *)((char *)c + flag);
+    if (!set || *set) {
+      if (set)
+        *set = false;
       dspkd_conn_update_read(c);
     }
     next = c->next;
     dspkd_conn_unref(c);
   }
+}
+
+static void on_resume(uv_idle_t *h) {
+  struct dspkd *d = h->data;
+  uv_idle_stop(h);
+  d->turn_gen++;
+  update_reads(d, offsetof(struct conn, deferred));
 }
 
 /* Whether c's user may handle another message in this turn (checked before
@@ -1374,15 +1384,7 @@ static void turn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
 static void on_later(uv_idle_t *h) {
   struct dspkd *d = h->data;
   uv_idle_stop(h);
-  for (struct conn *c = d->conns, *next; c; c = next) {
-    dspkd_conn_ref(c);
-    if (c->later) {
-      c->later = false;
-      dspkd_conn_update_read(c);
-    }
-    next = c->next;
-    dspkd_conn_unref(c);
-  }
+  update_reads(d, offsetof(struct conn, later));
 }
 
 /* Runs every complete frame in the read buffer while the connection may
@@ -1668,14 +1670,7 @@ void dspkd_conn_update_read(struct conn *c) {
  * (and takes its held requests) at once, not when one of its requests ends
  * (protocol.md, "Limits"; probe 23 G2).  Inside a frame (daemon.reload) the
  * other connections' held frames are left to the loop (conn_process). */
-void dspkd_conn_reloaded(struct dspkd *d) {
-  for (struct conn *c = d->conns, *next; c; c = next) {
-    dspkd_conn_ref(c);
-    dspkd_conn_update_read(c);
-    next = c->next;
-    dspkd_conn_unref(c);
-  }
-}
+void dspkd_conn_reloaded(struct dspkd *d) { update_reads(d, SIZE_MAX); }
 
 /* ---- accepting -------------------------------------------------------- */
 
